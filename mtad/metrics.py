@@ -1,0 +1,128 @@
+"""The numbers in every table (ALGORITHMS.md, METRICS).
+
+- ``sequence_logprobs`` / ``perplexity``: output perplexity under the RAW target (T = 1, no top-k/top-p),
+  scored after the timed decode, never inside it.
+- ``run_metrics``: latency, block efficiency, acceptance and energy aggregated over the prompts of a run.
+
+Glossary for shape comments: B batch, T sequence, V vocab.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Optional, Sequence
+
+import torch
+
+from mtad.decoding.result import DecodeResult
+from mtad.energy import EnergyReading, combine_readings
+
+
+def _as_ids(ids: Any, what: str) -> torch.Tensor:
+    """A 1-D LongTensor from a list, a (T,) tensor or a (1, T) tensor."""
+    t = torch.as_tensor(ids, dtype=torch.long)
+    if t.dim() == 2 and t.shape[0] == 1:
+        t = t[0]
+    if t.dim() != 1:
+        raise ValueError(f"{what} must be a 1-D sequence of token ids (or shape (1, T)); got shape "
+                         f"{tuple(t.shape)}: score one prompt at a time")
+    return t
+
+
+@torch.no_grad()
+def sequence_logprobs(target_model: Any, prompt_ids: Any, output_ids: Any) -> torch.Tensor:
+    """``log p(y_t | prompt, y_<t)`` for every output token, under the raw target (no temperature, no
+    filter): one forward pass over ``prompt + output``. Returns a float32 CPU tensor of shape (T_out,)."""
+    prompt, output = _as_ids(prompt_ids, "prompt_ids"), _as_ids(output_ids, "output_ids")
+    if prompt.numel() == 0:
+        raise ValueError("prompt_ids is empty: the first output token has no context to be scored "
+                         "against; include at least a BOS token in the prompt")
+    if output.numel() == 0:
+        return torch.zeros(0, dtype=torch.float32)
+    device = next(target_model.parameters()).device
+    ids = torch.cat([prompt, output]).unsqueeze(0).to(device)  # (1, T)
+    logits = target_model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+    n_p = prompt.numel()
+    logp = torch.log_softmax(logits[0, n_p - 1: -1].float(), dim=-1)  # (T_out, V): positions predicting y_t
+    return logp.gather(-1, output.to(device).unsqueeze(-1)).squeeze(-1).cpu()  # (T_out,)
+
+
+def perplexity(per_sample_logprobs: Sequence[torch.Tensor]) -> dict:
+    """Two aggregations of output perplexity (METRICS):
+
+    - ``ppl_mean_logprob`` = exp(-mean_i m_i), m_i = mean_t log p(y_t | ...) of sample i (the paper's);
+    - ``ppl_token_weighted`` = exp(-sum log p / sum T_i).
+
+    Samples with no generated token have no m_i and are excluded from both (``ppl_n_samples`` counts the
+    ones used). With no scorable sample both values are None. A token of probability 0 gives +inf.
+    """
+    kept = [torch.as_tensor(lp, dtype=torch.float64) for lp in per_sample_logprobs]
+    kept = [lp for lp in kept if lp.numel() > 0]
+    if not kept:
+        return {"ppl_mean_logprob": None, "ppl_token_weighted": None, "ppl_n_samples": 0}
+    mean_m = sum(lp.mean().item() for lp in kept) / len(kept)
+    total = sum(lp.sum().item() for lp in kept)
+    n_tokens = sum(lp.numel() for lp in kept)
+    return {"ppl_mean_logprob": _exp_neg(mean_m), "ppl_token_weighted": _exp_neg(total / n_tokens),
+            "ppl_n_samples": len(kept)}
+
+
+def _exp_neg(x: float) -> float:
+    return math.inf if -x > 709 else math.exp(-x)  # 709 ~ log(float max)
+
+
+def run_metrics(decode_results: Sequence[DecodeResult], gamma: Optional[int] = None,
+                energy: EnergyReading | Iterable[EnergyReading] | None = None) -> dict:
+    """Aggregate the run's ``DecodeResult`` records (METRICS). Ratios are ratios of sums, not means of
+    per-prompt ratios. ``acceptance_rate``, ``per_position_acceptance`` and ``mean_accepted_length`` are
+    None for decoders that propose no draft tokens. ``per_position_acceptance`` has ``gamma`` entries when
+    gamma is given (None where a position was never proposed). ``energy`` is one reading for the whole
+    window, or one per prompt (summed)."""
+    rs = list(decode_results)
+    tokens = sum(r.num_tokens for r in rs)
+    seconds = sum(r.wall_time_s for r in rs)
+    target_fw, draft_fw = sum(r.target_forwards for r in rs), sum(r.draft_forwards for r in rs)
+    accepted = [a for r in rs for a in r.accepted]
+    proposed = sum(p for r in rs for p in r.proposed)
+    out = {
+        "n_samples": len(rs),
+        "total_tokens": tokens,
+        "total_decode_s": seconds,
+        "forward_time_s": sum(r.forward_time_s for r in rs),
+        "ms_per_token": 1e3 * seconds / tokens if tokens else None,
+        "tokens_per_s": tokens / seconds if seconds > 0 else None,
+        "target_forwards": target_fw,
+        "draft_forwards": draft_fw,
+        "block_efficiency": tokens / target_fw if target_fw else None,
+        "acceptance_rate": sum(accepted) / proposed if proposed else None,
+        "mean_accepted_length": sum(accepted) / len(accepted) if accepted and proposed else None,
+        "per_position_acceptance": _per_position(rs, gamma) if proposed else None,
+        "stop_eos": sum(r.stop_reason == "eos" for r in rs),
+    }
+    out.update(energy_metrics(energy, tokens))
+    return out
+
+
+def _per_position(rs: Sequence[DecodeResult], gamma: Optional[int]) -> list[Optional[float]]:
+    """sum_r position_accepts[j] / sum_r position_proposals[j] for j = 1..gamma."""
+    n = gamma if gamma is not None else max((len(r.position_proposals) for r in rs), default=0)
+    acc, prop = [0] * n, [0] * n
+    for r in rs:
+        if len(r.position_proposals) > n or len(r.position_accepts) > n:
+            raise ValueError(f"a DecodeResult has {len(r.position_proposals)} draft positions but "
+                             f"gamma={gamma}: pass the decoder's gamma (or None to infer it)")
+        for j, (a, p) in enumerate(zip(r.position_accepts, r.position_proposals)):
+            acc[j] += a
+            prop[j] += p
+    return [a / p if p else None for a, p in zip(acc, prop)]
+
+
+def energy_metrics(energy: EnergyReading | Iterable[EnergyReading] | None, tokens: int) -> dict:
+    """``energy_j``, ``energy_j_per_token``, ``energy_source``, ``energy_reason``; None-safe."""
+    if energy is None:
+        return {"energy_j": None, "energy_j_per_token": None, "energy_source": None,
+                "energy_reason": "energy not measured", "energy_per_device_j": {}}
+    reading = energy if isinstance(energy, EnergyReading) else combine_readings(energy)
+    j = reading.joules
+    return {"energy_j": j, "energy_j_per_token": j / tokens if j is not None and tokens else None,
+            "energy_source": reading.source, "energy_reason": reading.reason,
+            "energy_per_device_j": dict(reading.per_device)}

@@ -1,0 +1,165 @@
+"""The one runner for every decoder (STYLE.md; Spec-Bench's shared driver).
+
+``run(cfg)``: validate everything, skip if this config already has a row, load the models once, decode
+``warmup`` prompts untimed, then for each prompt decode (timed, energy window around it), then score
+(untimed: perplexity under the raw target, task score). Finally write ``samples.jsonl`` into the run
+directory and append one row to ``${results_dir}/${experiment}.jsonl`` — atomically, so an interrupted
+run leaves no partial row. Prompts that do not fit (task ``max_prompt_tokens`` or the model's context)
+are skipped with the reason recorded (``task.on_long_prompt=error`` makes them fail instead).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from mtad.decoding import DecoderConfig, PromptTooLong, generate
+from mtad.energy import EnergyMeter, combine_readings
+from mtad.loading import ModelConfig, load_pair
+from mtad.metrics import perplexity, run_metrics, sequence_logprobs
+from mtad.results import ResultRow, append_row, config_hash, existing_hashes, write_jsonl_atomic
+from mtad.tasks.base import TaskConfig, get_task
+from mtad.tracker import TrackingConfig, make_tracker
+
+log = logging.getLogger(__name__)
+
+
+def run(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict | None:
+    """Run one experiment; returns the result row (dict), or None when it already exists."""
+    resolved = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)
+    dec = DecoderConfig.from_any(resolved["decoder"])
+    mcfg = ModelConfig(**resolved["model"]) if not isinstance(resolved["model"], ModelConfig) else resolved["model"]
+    tcfg = TaskConfig.from_any(resolved["task"])
+    track = TrackingConfig.from_any(resolved.get("tracking"))
+    results_file = Path(resolved.get("results_dir", "results")) / f"{resolved.get('experiment', 'default')}.jsonl"
+    key = config_hash(resolved)
+    if not resolved.get("force") and key in existing_hashes(results_file):
+        log.info("skipping: %s already holds a row for config %s (force=true reruns it)", results_file, key[:12])
+        return None
+    task = get_task(tcfg)
+    samples = task.samples()  # bad data fails here, before any model is loaded
+    if resolved.get("num_threads"):
+        torch.set_num_threads(int(resolved["num_threads"]))
+    pair = load_pair(mcfg)
+    run_dir = Path(run_dir or _hydra_run_dir() or results_file.parent / "runs" / key[:12])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tracker = make_tracker(track, run_dir)
+    tracker.start(resolved, name=f"{dec.name}-{tcfg.name}-{mcfg.name}")
+
+    rng = torch.Generator(device=pair.device).manual_seed(int(resolved.get("seed", 0)))
+    _warmup(pair, task, samples[: int(resolved.get("warmup", 0))], dec, mcfg, rng)
+    rows, decodes, logps, scores, readings, skips = [], [], [], [], [], Counter()
+    meter = EnergyMeter(_gpu_indices(pair))
+    for sample in samples:
+        history: list[str] = []
+        for turn in range(_turns(task, sample)):
+            row = _one(pair, task, sample, turn, history, dec, mcfg, rng, meter, bool(resolved.get("perplexity", True)))
+            rows.append(row)
+            if row.get("skip_reason"):
+                skips[row["skip_reason"]] += 1
+                break
+            history.append(row["completion"])
+            decodes.append(row.pop("_result"))
+            readings.append(row.pop("_energy"))
+            if row.get("_logp") is not None:
+                logps.append(row.pop("_logp"))
+            if row["scores"]:
+                scores.append(row["scores"])
+    row = _finish(resolved, dec, mcfg, tcfg, task, pair, rows, decodes, logps, scores, readings, skips, run_dir)
+    if resolved.get("save_samples", True):
+        write_jsonl_atomic(run_dir / "samples.jsonl", rows)
+    append_row(results_file, row)
+    OmegaConf.save(OmegaConf.create(resolved), run_dir / "resolved_config.yaml")
+    tracker.log_samples(rows)
+    tracker.finish(row.to_dict(), result_file=results_file)
+    log.info("wrote a row to %s: %s", results_file, _summary(row.metrics))
+    return row.to_dict()
+
+
+def _turns(task, sample) -> int:
+    return min(task.cfg.turns, len(sample.turns))
+
+
+def _warmup(pair, task, samples, dec, mcfg, rng) -> None:
+    """Untimed decodes so that kernels, allocators and caches are warm; nothing is recorded."""
+    for sample in samples:
+        prompt = task.encode(sample, pair.tokenizer, 0, (), mcfg.chat_template)
+        if prompt.ids:
+            try:
+                generate(pair, prompt.ids, dec, torch.Generator(device=rng.device).manual_seed(12345))
+            except PromptTooLong:
+                pass
+
+
+def _one(pair, task, sample, turn, history, dec, mcfg, rng, meter, want_ppl) -> dict:
+    prompt = task.encode(sample, pair.tokenizer, turn, history, mcfg.chat_template)
+    base = {"id": sample.id, "turn": turn, "meta": sample.meta, "prompt": prompt.text,
+            "prompt_tokens": len(prompt.ids), "prompt_truncated": prompt.truncated}
+    if prompt.skip_reason:
+        return {**base, "skip_reason": prompt.skip_reason}
+    try:
+        meter.start()
+        result = generate(pair, prompt.ids, dec, rng)
+        energy = meter.stop()
+    except PromptTooLong as err:
+        if task.cfg.on_long_prompt == "error":
+            raise
+        return {**base, "skip_reason": f"prompt does not fit the model context: {err}"}
+    text = pair.tokenizer.decode(result.tokens, skip_special_tokens=True)
+    logp = sequence_logprobs(pair.target, prompt.ids, result.tokens) if want_ppl and result.tokens else None
+    answer = task.postprocess(sample, text)
+    scores = task.score(sample, text) if task.metric else {}
+    return {**base, "completion": text, "answer": answer, "output_ids": result.tokens,
+            "n_tokens": result.num_tokens, "stop_reason": result.stop_reason, "time_s": result.wall_time_s,
+            "target_forwards": result.target_forwards, "draft_forwards": result.draft_forwards,
+            "accepted": result.accepted, "proposed": result.proposed,
+            "mean_logprob": float(logp.mean()) if logp is not None else None,
+            "perplexity": float(torch.exp(-logp.mean())) if logp is not None else None,
+            "energy_j": energy.joules, "scores": scores,
+            "_result": result, "_energy": energy, "_logp": logp}
+
+
+def _finish(resolved, dec, mcfg, tcfg, task, pair, rows, decodes, logps, scores, readings, skips, run_dir):
+    if not decodes:
+        raise ValueError(f"no prompt was decoded ({dict(skips) or 'the task selected no samples'}); "
+                         "raise task.max_prompt_tokens or check the task data")
+    metrics = run_metrics(decodes, gamma=dec.gamma, energy=combine_readings(readings))
+    metrics.update(perplexity(logps) if logps else {})
+    if task.metric:
+        metrics["score"] = {k: v for k, v in task.aggregate(scores).items()}
+        metrics["score_name"] = task.metric
+    return ResultRow.build(
+        resolved, experiment=resolved.get("experiment", "default"), metrics=metrics, decoder=asdict(dec),
+        model={**asdict(mcfg), "info": pair.info}, task={**tcfg.to_dict(), "selected_ids": [s["id"] for s in rows]},
+        seed=int(resolved.get("seed", 0)), n_prompts=len(decodes), skip_reasons=dict(skips), run_dir=run_dir,
+        devices=_devices(pair))
+
+
+def _devices(pair) -> list:
+    return sorted({p.device for m in (pair.target, pair.draft) if m is not None for p in m.parameters()}, key=str)
+
+
+def _gpu_indices(pair) -> list[int]:
+    return sorted({d.index or 0 for d in _devices(pair) if d.type == "cuda"})
+
+
+def _hydra_run_dir() -> str | None:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.output_dir
+    except Exception:  # not under Hydra (Python API, tests)
+        return None
+
+
+def _summary(m: dict) -> str:
+    keys = ("total_tokens", "ms_per_token", "block_efficiency", "acceptance_rate", "ppl_mean_logprob", "score")
+    return ", ".join(f"{k}={m.get(k)!r}" if not isinstance(m.get(k), float) else f"{k}={m[k]:.4g}" for k in keys)
+
+

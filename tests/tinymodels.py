@@ -1,0 +1,69 @@
+"""Small-vocabulary random models for the decoding tests (built in-process, no files, no hub).
+
+A large init std makes the next-token distributions peaky and the two models clearly different, so the
+statistical tests have power (their negative controls must fail).
+"""
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
+
+from mtad.pair import ModelPair
+
+
+def model(arch: str, seed: int, vocab: int = 32, hidden: int = 32, layers: int = 2, std: float = 0.5,
+          attn: str = "sdpa"):
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        if arch == "llama":
+            cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                              num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                              max_position_embeddings=512, initializer_range=std, bos_token_id=0,
+                              eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+            m = LlamaForCausalLM(cfg)
+        else:
+            cfg = OPTConfig(vocab_size=vocab, hidden_size=hidden, ffn_dim=2 * hidden, num_hidden_layers=layers,
+                            num_attention_heads=4, max_position_embeddings=512, word_embed_proj_dim=hidden,
+                            init_std=std, bos_token_id=0, eos_token_id=None, pad_token_id=1)
+            m = OPTForCausalLM(cfg)
+    m.config._attn_implementation = attn
+    m.generation_config.eos_token_id = None
+    return m.eval()
+
+
+def pair(arch: str = "llama", vocab: int = 32, same: bool = False, **kw) -> ModelPair:
+    t = model(arch, 1, vocab, **kw)
+    return ModelPair(t, t if same else model(arch, 2, vocab, **kw))
+
+
+def oracle_greedy(m, prompt: list[int], n: int) -> list[int]:
+    """Cache-free greedy: the full sequence is re-run for every token."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(m(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def logits_alone(m, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return m(torch.tensor([ids])).logits[0].float()  # (T, V)
+
+
+def near(m, seed: int, eps: float = 0.05):
+    """A copy of ``m`` with Gaussian noise (std ``eps``) on every weight: a draft that agrees with the
+    target often but not always, so T=0 decodes exercise both acceptance and rejection."""
+    import copy
+
+    d = copy.deepcopy(m)
+    with torch.random.fork_rng(), torch.no_grad():
+        torch.manual_seed(seed)
+        for w in d.parameters():
+            w.add_(eps * torch.randn_like(w))
+    return d
+
+
+def batch_logits(m, seqs: list[list[int]]) -> torch.Tensor:
+    """Cache-free logits of equal-length sequences in one batch: (B, T, V)."""
+    with torch.no_grad():
+        return m(torch.tensor(seqs)).logits.float()
