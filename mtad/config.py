@@ -8,7 +8,9 @@ type fails at compose time with a message naming the key.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -18,13 +20,30 @@ from mtad.tasks.base import TaskConfig
 from mtad.tracker import TrackingConfig
 
 
+def _schema(cls: type) -> type:
+    """A mutable twin of a frozen config dataclass: OmegaConf makes frozen dataclasses read-only, which
+    would forbid merging the group YAMLs into them. The twin has the same fields, types and defaults;
+    values are validated when the runner builds the frozen class from the composed node."""
+    specs = [(f.name, f.type, field(default=f.default) if f.default is not dataclasses.MISSING
+              else field(default_factory=f.default_factory)) for f in dataclasses.fields(cls)]
+    return dataclasses.make_dataclass(cls.__name__ + "Schema", specs, namespace={"__module__": cls.__module__})
+
+
+ModelSchema, DecoderSchema, TaskSchema, TrackingSchema = map(
+    _schema, (ModelConfig, DecoderConfig, TaskConfig, TrackingConfig))
+
+
 @dataclass
 class RunConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    decoder: DecoderConfig = field(default_factory=DecoderConfig)
-    task: TaskConfig = field(default_factory=TaskConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    experiment: str = "default"  # results go to ${results_dir}/${experiment}.jsonl
+    model: ModelSchema = field(default_factory=ModelSchema)  # type: ignore[valid-type]
+    decoder: DecoderSchema = field(default_factory=DecoderSchema)  # type: ignore[valid-type]
+    task: TaskSchema = field(default_factory=TaskSchema)  # type: ignore[valid-type]
+    tracking: TrackingSchema = field(default_factory=TrackingSchema)  # type: ignore[valid-type]
+    # results go to ${results_dir}/${experiment}.jsonl. Presets (conf/experiment/) set `experiment`; on the
+    # command line `experiment=X` selects a preset (Hydra reads it as the group), so name ad-hoc runs with
+    # `name=X`, which wins over `experiment`.
+    experiment: str = "default"
+    name: Optional[str] = None
     results_dir: str = "results"  # relative paths are relative to the launch directory
     seed: int = 0
     warmup: int = 1  # prompts decoded untimed before measuring (not recorded)
@@ -32,6 +51,11 @@ class RunConfig:
     perplexity: bool = True  # score outputs under the raw target (after the timed window)
     force: bool = False  # rerun even if a row with the same config hash exists
     save_samples: bool = True  # write samples.jsonl into the run directory
+
+
+def experiment_name(cfg) -> str:
+    """The results-file name of a resolved config: ``name`` if set, else ``experiment``."""
+    return cfg.get("name") or cfg.get("experiment") or "default"
 
 
 def register_configs() -> None:

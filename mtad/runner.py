@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from mtad.config import experiment_name
 from mtad.decoding import DecoderConfig, PromptTooLong, generate
 from mtad.energy import EnergyMeter, combine_readings
 from mtad.loading import ModelConfig, load_pair
@@ -37,7 +38,7 @@ def run(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict | Non
     mcfg = ModelConfig(**resolved["model"]) if not isinstance(resolved["model"], ModelConfig) else resolved["model"]
     tcfg = TaskConfig.from_any(resolved["task"])
     track = TrackingConfig.from_any(resolved.get("tracking"))
-    results_file = Path(resolved.get("results_dir", "results")) / f"{resolved.get('experiment', 'default')}.jsonl"
+    results_file = Path(resolved.get("results_dir", "results")) / f"{experiment_name(resolved)}.jsonl"
     key = config_hash(resolved)
     if not resolved.get("force") and key in existing_hashes(results_file):
         log.info("skipping: %s already holds a row for config %s (force=true reruns it)", results_file, key[:12])
@@ -135,7 +136,7 @@ def _finish(resolved, dec, mcfg, tcfg, task, pair, rows, decodes, logps, scores,
         metrics["score"] = {k: v for k, v in task.aggregate(scores).items()}
         metrics["score_name"] = task.metric
     return ResultRow.build(
-        resolved, experiment=resolved.get("experiment", "default"), metrics=metrics, decoder=asdict(dec),
+        resolved, experiment=experiment_name(resolved), metrics=metrics, decoder=asdict(dec),
         model={**asdict(mcfg), "info": pair.info}, task={**tcfg.to_dict(), "selected_ids": [s["id"] for s in rows]},
         seed=int(resolved.get("seed", 0)), n_prompts=len(decodes), skip_reasons=dict(skips), run_dir=run_dir,
         devices=_devices(pair))

@@ -41,6 +41,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
+from mtad.loading import tie_to_target
 from mtad.paths import REPO_ROOT, cache_dir, default_data_dir
 
 log = logging.getLogger(__name__)
@@ -55,9 +56,9 @@ class TrainDraftConfig:
     layers: int = 2
     init_layers: List[int] = field(default_factory=lambda: [0, 1])
     seq_len: int = 256  # offline window length
-    batch_size: int = 4  # offline windows per step
-    onpolicy_frac: float = 0.5  # share of steps that distil on the target's own samples
-    gen_batch: int = 16
+    batch_size: int = 2  # offline windows per step
+    onpolicy_frac: float = 0.05  # share of data batches sampled from the target (each gives several steps)
+    gen_batch: int = 12
     gen_tokens: int = 96
     gen_prompt_len: int = 192  # prompts are cut to their last gen_prompt_len tokens
     gen_rows_per_step: int = 6  # an on-policy batch gives gen_batch / gen_rows_per_step optimizer steps
@@ -67,7 +68,7 @@ class TrainDraftConfig:
         "gsm8k": 0.40, "python": 0.35, "alpaca": 0.08, "wikitext": 0.17})
     onpolicy_mix: Dict[str, float] = field(default_factory=lambda: {
         "gsm8k": 0.45, "code": 0.40, "alpaca": 0.15})
-    lr: float = 5e-4
+    lr: float = 1e-3
     min_lr_frac: float = 0.1
     warmup_steps: int = 10
     weight_decay: float = 0.0
@@ -292,21 +293,6 @@ def build_student(teacher, layers: int, init_layers: list[int]):
     return student.to(teacher.device)
 
 
-def tie_to_target(draft, target) -> None:
-    """Point the draft's input embedding and output head at the target's (shared when dtypes agree)."""
-    emb = target.get_input_embeddings().weight
-    head = target.get_output_embeddings().weight
-    d_dtype = next(p for n, p in draft.named_parameters() if "layers" in n).dtype
-    share = emb.dtype == d_dtype
-    new_emb = emb if share else torch.nn.Parameter(emb.detach().to(d_dtype), requires_grad=False)
-    new_head = head if share else (new_emb if head is emb else
-                                   torch.nn.Parameter(head.detach().to(d_dtype), requires_grad=False))
-    draft.get_input_embeddings().weight = new_emb
-    draft.get_output_embeddings().weight = new_head
-    new_emb.requires_grad_(False)
-    new_head.requires_grad_(False)
-
-
 def trainable_state(student) -> dict[str, torch.Tensor]:
     """The student's own weights: everything but the shared embedding and head."""
     shared = {"model.embed_tokens.weight", "lm_head.weight"}
@@ -438,21 +424,24 @@ def _spaced(n: int, k: int) -> list[int]:
 
 
 def build_eval_set(cfg, corpus: Corpus, teacher, tok, device) -> dict:
-    """The target's own sampled continuations of held-out prompts, with its logits on them."""
+    """The target's own sampled continuations of held-out prompts (one batch), with its logits on them."""
+    prompts = eval_prompts(corpus, cfg.eval_gsm8k, cfg.eval_humaneval)
+    rows = [tok(text, add_special_tokens=False)["input_ids"] for _, text in prompts]
+    enc = _left_pad(rows, tok.pad_token_id, device)
+    with torch.no_grad(), torch.random.fork_rng(devices=_rng_devices(device)):
+        torch.manual_seed(cfg.seed)
+        out = teacher.generate(**enc, do_sample=True, temperature=1.0, top_k=cfg.gen_top_k, top_p=cfg.gen_top_p,
+                               max_new_tokens=cfg.eval_tokens, output_logits=True, return_dict_in_generate=True,
+                               pad_token_id=tok.pad_token_id)
+    P = enc["input_ids"].shape[1]
+    gen = out.sequences[:, P:]  # (B, G)
+    keep = _before_eos(gen, teacher.generation_config.eos_token_id).sum(1).tolist()
+    p_logits = torch.stack(out.logits, dim=1)  # (B, G, V)
     items = []
-    for domain, text in eval_prompts(corpus, cfg.eval_gsm8k, cfg.eval_humaneval):
-        ids = tok(text, add_special_tokens=False)["input_ids"]
-        enc = _left_pad([ids], tok.pad_token_id, device)
-        with torch.no_grad(), torch.random.fork_rng(devices=_rng_devices(device)):
-            torch.manual_seed(cfg.seed + len(items))
-            out = teacher.generate(**enc, do_sample=True, temperature=1.0, top_k=cfg.gen_top_k,
-                                   top_p=cfg.gen_top_p, max_new_tokens=cfg.eval_tokens, output_logits=True,
-                                   return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
-        gen = out.sequences[0, len(ids):]
-        keep = int(_before_eos(gen[None], teacher.generation_config.eos_token_id).sum())
-        p_logits = torch.stack(out.logits, dim=1)[0, :keep]  # (G, V)
-        items.append({"domain": domain, "ids": out.sequences[0, :len(ids) + keep].cpu(),
-                      "prompt_len": len(ids), "log_p": F.log_softmax(p_logits.float(), -1).half().cpu()})
+    for b, ((domain, _), ids) in enumerate(zip(prompts, rows)):
+        k = int(keep[b])
+        items.append({"domain": domain, "ids": torch.tensor(ids + gen[b, :k].tolist()), "prompt_len": len(ids),
+                      "log_p": F.log_softmax(p_logits[b, :k].float(), -1).half().cpu()})
     return {"items": items, "top_k": cfg.gen_top_k, "top_p": cfg.gen_top_p}
 
 
@@ -574,7 +563,8 @@ Generated by `python -m mtad.train_draft` at export; rerun it to reproduce (comm
 - Offline text mix (share of windows of {meta['config']['seq_len']} tokens): {mix}. GSM8K **train** in the chat
   template (calculator annotations removed), Python standard-library sources shipped with the interpreter
   (tests excluded), Alpaca self-instruct seed tasks in the chat template, WikiText-2 **valid**.
-- On-policy share of steps: {meta['config']['onpolicy_frac']:.0%}: the target samples
+- On-policy share of data batches: {meta['config']['onpolicy_frac']:.0%} (each split into optimizer steps of
+  {meta['config']['gen_rows_per_step']} rows): the target samples
   (T = 1, top-k {meta['config']['gen_top_k']}, top-p {meta['config']['gen_top_p']}, ≤ {meta['config']['gen_tokens']} tokens) answers to
   training prompts ({onmix}; code = standard-library function signature + docstring, raw or wrapped in the
   chat template) and the student learns the target's logits on those samples.
@@ -673,8 +663,11 @@ class Trainer:
         rng = random.Random(seed)
         onpolicy = rng.random() < cfg.onpolicy_frac
         if onpolicy:
+            t0 = time.monotonic()
             batch, used = onpolicy_batch(cfg, self.corpus, rng, self.teacher, self.tok, self.device, gen_seed=seed)
             chunks = split_rows(batch, used, cfg.gen_rows_per_step)
+            log.info("on-policy batch: the target sampled %d tokens in %.0f s (%s)", int(batch["select"].sum()),
+                     time.monotonic() - t0, ", ".join(sorted(set(used))))
         else:
             chunks = [offline_batch(cfg, self.corpus, rng, self.teacher, self.device)]
         losses = [self.optimize(batch, used, "gen" if onpolicy else "text") for batch, used in chunks]

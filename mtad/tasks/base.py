@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence
+from typing import Any, ClassVar
+
+from omegaconf import OmegaConf
 
 from mtad.paths import default_data_dir
 from mtad.tasks.records import hub_rows, iter_rows, parse_rows
@@ -31,10 +34,10 @@ class TaskConfig:
 
     name: str = "gsm8k"
     source: str = "local"  # local: files under data_dir | hub: load_dataset(hub_id, hub_config, split)
-    data_dir: Optional[str] = None  # None -> mtad.paths.default_data_dir()
-    data_file: Optional[str] = None  # overrides the task's default file; relative paths are under data_dir
-    hub_id: Optional[str] = None
-    hub_config: Optional[str] = None  # second argument of load_dataset (e.g. "main", "3.0.0")
+    data_dir: str | None = None  # None -> mtad.paths.default_data_dir()
+    data_file: str | None = None  # overrides the task's default file; relative paths are under data_dir
+    hub_id: str | None = None
+    hub_config: str | None = None  # second argument of load_dataset (e.g. "main", "3.0.0")
     split: str = "test"
     n_prompts: int = 10  # 0 = all
     selection: str = "first"  # first | random (seeded by selection_seed)
@@ -44,12 +47,12 @@ class TaskConfig:
     turns: int = 1  # multi-turn sets: how many user turns to play (1 or 2)
     max_prompt_tokens: int = 512  # 0 = no limit
     on_long_prompt: str = "skip"  # skip (record reason) | truncate (keep the last tokens) | error
-    system_prompt: Optional[str] = None  # chat prompts only
-    categories: List[str] = field(default_factory=list)  # mt_bench / spec_bench filter; empty = all
-    stop: List[str] = field(default_factory=list)  # extra stop strings applied by postprocess
+    system_prompt: str | None = None  # chat prompts only
+    categories: list[str] = field(default_factory=list)  # mt_bench / spec_bench filter; empty = all
+    stop: list[str] = field(default_factory=list)  # extra stop strings applied by postprocess
     timeout_s: float = 10.0  # humaneval: per-program wall limit; spider: per-query limit
     memory_mb: int = 1024  # humaneval: address-space limit of the test process
-    db_dir: Optional[str] = None  # spider: <db_dir>/<db_id>/<db_id>.sqlite -> execution accuracy
+    db_dir: str | None = None  # spider: <db_dir>/<db_id>/<db_id>.sqlite -> execution accuracy
     schema_format: str = "create_table"  # spider: create_table | compact ("table(col, col)")
 
     def __post_init__(self) -> None:
@@ -67,17 +70,14 @@ class TaskConfig:
             raise ValueError("task.source=hub needs task.hub_id (a Hugging Face dataset id)")
 
     @classmethod
-    def from_any(cls, cfg: Any) -> "TaskConfig":
+    def from_any(cls, cfg: Any) -> TaskConfig:
         """Accept a TaskConfig, an OmegaConf node or a plain mapping; unknown keys raise ValueError."""
         if isinstance(cfg, cls):
             return cfg
-        if not isinstance(cfg, Mapping) or type(cfg).__name__ == "DictConfig":
-            try:
-                from omegaconf import OmegaConf
-
-                cfg = OmegaConf.to_container(cfg, resolve=True)
-            except Exception as err:  # not an OmegaConf node either
-                raise TypeError(f"task config must be a TaskConfig or a mapping, got {type(cfg).__name__}") from err
+        if OmegaConf.is_config(cfg):
+            cfg = OmegaConf.to_container(cfg, resolve=True)
+        if not isinstance(cfg, Mapping):
+            raise TypeError(f"task config must be a TaskConfig, an OmegaConf node or a mapping, got {type(cfg).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(cfg) - known)
         if unknown:
@@ -105,15 +105,15 @@ class Prompt:
 
     text: str
     ids: list[int]
-    skip_reason: Optional[str] = None
+    skip_reason: str | None = None
     n_tokens: int = 0  # before truncation
     truncated: bool = False
 
 
-TASKS: dict[str, type["Task"]] = {}
+TASKS: dict[str, type[Task]] = {}
 
 
-def register(name: str) -> Callable[[type["Task"]], type["Task"]]:
+def register(name: str) -> Callable[[type[Task]], type[Task]]:
     def deco(cls: type[Task]) -> type[Task]:
         cls.name = name
         TASKS[name] = cls
@@ -122,7 +122,7 @@ def register(name: str) -> Callable[[type["Task"]], type["Task"]]:
     return deco
 
 
-def get_task(cfg: Any) -> "Task":
+def get_task(cfg: Any) -> Task:
     """The task named by ``cfg.name``; an unknown name raises ValueError listing the valid names."""
     import mtad.tasks  # noqa: F401  (importing the package registers every task)
 
@@ -136,7 +136,7 @@ class Task:
     """Base class: conversation rendering, selection, prompt-length policy and mean aggregation."""
 
     name: ClassVar[str] = "task"
-    metric: Optional[str] = None
+    metric: str | None = None
     subdir: ClassVar[str] = ""  # folder under the data dir
     supports_few_shot: ClassVar[bool] = False
     user_prefix: ClassVar[str] = "User: "
@@ -148,13 +148,13 @@ class Task:
             raise ValueError(f"task {self.name!r} has no few-shot examples; set task.few_shot=0")
         self.skipped = 0  # malformed rows skipped while loading
         self.selected_ids: list[str] = []
-        self._samples: Optional[list[Sample]] = None
+        self._samples: list[Sample] | None = None
 
     # ---- loading -------------------------------------------------------------------------------
     def data_dir(self) -> Path:
         return Path(self.cfg.data_dir).expanduser() if self.cfg.data_dir else default_data_dir()
 
-    def data_path(self, default: Optional[str], use_data_file: bool = True) -> Path:
+    def data_path(self, default: str | None, use_data_file: bool = True) -> Path:
         """``task.data_file`` if set, else ``<data_dir>/<subdir>/<default>``; a missing file raises."""
         rel = (self.cfg.data_file if use_data_file else None) or (f"{self.subdir}/{default}" if default else None)
         if rel is None:
@@ -169,8 +169,8 @@ class Task:
                 f"(a folder holding {rel}) or MTAD_DATA_DIR, or task.data_file=PATH")
         return path
 
-    def read(self, default_file: Optional[str], parse: Callable[[dict, int], Any],
-             split: Optional[str] = None, path: Optional[Path] = None) -> list:
+    def read(self, default_file: str | None, parse: Callable[[dict, int], Any],
+             split: str | None = None, path: Path | None = None) -> list:
         """Parsed rows of the evaluated file (or hub split), or of ``split`` (few-shot pool) when given.
 
         Malformed rows are reported with their location and skipped; those of the evaluated rows are
@@ -249,16 +249,11 @@ class Task:
         return tokenizer.apply_chat_template(self.messages(sample, turn, history),
                                              add_generation_prompt=True, tokenize=False)
 
-    def base_query(self, sample: Sample, turn: int) -> str:
-        """The user's text for ``turn`` in a plain base-model prompt."""
-        return sample.turns[turn]
-
     def render_base(self, sample: Sample, turn: int, history: Sequence[str]) -> str:
         """``User: ...\\nAssistant: ...`` exchanges (few-shot pairs first), ending with ``Assistant:``."""
         parts = [f"{self.user_prefix}{q}\n{self.assistant_prefix} {a}\n\n" for q, a in self.few_shot_pairs()]
-        parts += [f"{self.user_prefix}{self.base_query(sample, t)}\n{self.assistant_prefix} {history[t]}\n\n"
-                  for t in range(turn)]
-        return "".join(parts) + f"{self.user_prefix}{self.base_query(sample, turn)}\n{self.assistant_prefix}"
+        parts += [f"{self.user_prefix}{sample.turns[t]}\n{self.assistant_prefix} {history[t]}\n\n" for t in range(turn)]
+        return "".join(parts) + f"{self.user_prefix}{sample.turns[turn]}\n{self.assistant_prefix}"
 
     def encode(self, sample: Sample, tokenizer: Any, turn: int = 0, history: Sequence[str] = (),
                chat: bool = True) -> Prompt:
@@ -271,13 +266,14 @@ class Task:
         ids = list(tokenizer(text, add_special_tokens=not chat)["input_ids"])
         return self.fit(sample, turn, text, ids, getattr(tokenizer, "bos_token_id", None))
 
-    def fit(self, sample: Sample, turn: int, text: str, ids: list[int], bos_id: Optional[int] = None) -> Prompt:
+    def fit(self, sample: Sample, turn: int, text: str, ids: list[int], bos_id: int | None = None) -> Prompt:
         limit, n = self.cfg.max_prompt_tokens, len(ids)
         if not limit or n <= limit:
             return Prompt(text, ids, None, n)
         if self.cfg.on_long_prompt == "error":
             raise ValueError(f"task {self.name}: prompt {sample.id} turn {turn} has {n} tokens > "
-                             f"task.max_prompt_tokens={limit}; raise the limit or set task.on_long_prompt=skip|truncate")
+                             f"task.max_prompt_tokens={limit}; raise the limit or set "
+                             "task.on_long_prompt=skip|truncate")
         if self.cfg.on_long_prompt == "skip":
             return Prompt(text, [], f"prompt has {n} tokens > max_prompt_tokens={limit}", n)
         keep = ids[:1] + ids[n - limit + 1:] if bos_id is not None and ids[0] == bos_id else ids[n - limit:]
@@ -286,7 +282,7 @@ class Task:
     # ---- answers -------------------------------------------------------------------------------
     def postprocess(self, sample: Sample, completion: str) -> str:
         """The part of ``completion`` that is scored (idempotent); default: cut at ``stop`` strings."""
-        return cut_at(completion, self.cfg.stop).strip()
+        return cut_at(completion.lstrip(), self.cfg.stop).strip()
 
     def score(self, sample: Sample, completion: str) -> dict[str, float]:
         """Per-sample scores of the raw or postprocessed completion; {} for prompt-only sets."""

@@ -5,8 +5,6 @@ earlier answers as ``history``.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 from mtad.tasks.base import Sample, Task, register
 from mtad.tasks.records import need_str
 
@@ -23,7 +21,7 @@ def turns_of(row: dict, key: str = "turns") -> list[str]:
 class PromptSet(Task):
     """A chat prompt set: metric None, optional category filter on ``meta['category']``/``meta['group']``."""
 
-    metric: Optional[str] = None
+    metric: str | None = None
 
     def keep_turns(self, turns: list[str]) -> list[str]:
         return turns[: self.cfg.turns]

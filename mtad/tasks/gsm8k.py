@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
-from typing import Optional
 
 from mtad.tasks.base import Sample, Task, cut_at, register
 from mtad.tasks.records import need_str
@@ -16,7 +15,7 @@ INSTRUCTION = "Solve the problem step by step, then finish with \"The answer is 
 STOPS = ("Question:", "\n\n\n")
 
 
-def to_decimal(text: Optional[str]) -> Optional[Decimal]:
+def to_decimal(text: str | None) -> Decimal | None:
     if text is None:
         return None
     try:
@@ -25,7 +24,7 @@ def to_decimal(text: Optional[str]) -> Optional[Decimal]:
         return None
 
 
-def extract_answer(text: str) -> Optional[str]:
+def extract_answer(text: str) -> str | None:
     """The final number of a solution, commas removed; None when it holds no number.
 
     Order: the first number after the last "The answer is", else after the last "####", else the last
@@ -67,7 +66,7 @@ class GSM8K(Task):
 
     def __init__(self, cfg):
         super().__init__(cfg)
-        self._shots: Optional[list[tuple[str, str]]] = None
+        self._shots: list[tuple[str, str]] | None = None
 
     def load(self) -> list[Sample]:
         split = self.cfg.split
@@ -95,7 +94,7 @@ class GSM8K(Task):
         return f"{text}\n{INSTRUCTION}"
 
     def postprocess(self, sample: Sample, completion: str) -> str:
-        return cut_at(completion, (*STOPS, *self.cfg.stop)).strip()
+        return cut_at(completion.lstrip(), (*STOPS, *self.cfg.stop)).strip()
 
     def score(self, sample: Sample, completion: str) -> dict[str, float]:
         predicted = to_decimal(extract_answer(self.postprocess(sample, completion)))

@@ -4,8 +4,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from mtad.tasks.base import Sample, Task, cut_at, register
 from mtad.tasks.records import need_str
@@ -69,13 +69,14 @@ class HumanEval(Task):
     def postprocess(self, sample: Sample, completion: str) -> str:
         """Code to run after the prompt: a whole function (chat) or the continued body (base model).
 
-        A fenced block is preferred (the one defining the entry point, else the first). Code that defines
-        the entry point is kept whole (minus leading prose and any ``if __name__`` block); otherwise it is
-        a continuation of the prompt, cut at the first top-level ``def``/``class``/``if __name__``/
-        ``print(``/``assert``/closing fence.
+        Unless the completion starts indented (a body continuing the prompt), a fenced block is preferred
+        (the one defining the entry point, else the first). Code that defines the entry point is kept
+        whole (minus leading prose and any ``if __name__`` block); otherwise it is a continuation of the
+        prompt, cut at the first top-level ``def``/``class``/``if __name__``/``print(``/``assert``/fence.
         """
         entry = sample.meta["entry_point"]
-        blocks = FENCE.findall(completion)
+        body_first = completion.lstrip("\n")[:1] in (" ", "\t")  # an indented start continues the prompt
+        blocks = [] if body_first else FENCE.findall(completion)
         code = next((b for b in blocks if defines(b, entry)), blocks[0]) if blocks else completion
         code = cut_at(code, self.cfg.stop)
         if defines(code, entry):

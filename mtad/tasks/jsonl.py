@@ -6,7 +6,7 @@ are prompt-only ({} scores).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from mtad.tasks.base import Sample, Task, register
 from mtad.tasks.records import need_str
@@ -21,8 +21,10 @@ class JsonlTask(Task):
 
         def parse(row: dict, i: int) -> Sample:
             sid = row["id"]
-            if not isinstance(sid, (str, int)) or str(sid) in seen:
-                raise ValueError(f"id {sid!r} is not a string/integer or repeats an earlier row")
+            if not isinstance(sid, (str, int)):
+                raise TypeError(f"id must be a string or integer, got {sid!r:.60}")
+            if str(sid) in seen:
+                raise ValueError(f"id {sid!r} repeats an earlier row")
             answer = row.get("answer")
             if answer is not None and not isinstance(answer, (str, int, float)):
                 raise TypeError(f"answer must be a string or number, got {type(answer).__name__}")

@@ -11,8 +11,9 @@ import csv
 import gzip
 import json
 import logging
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,7 +64,7 @@ def _csv_rows(path: Path) -> Iterator[tuple[str, Any]]:
             yield f"{path}:{reader.line_num}", row
 
 
-def hub_rows(hub_id: str, config: Optional[str], split: str) -> Iterator[tuple[str, Any]]:
+def hub_rows(hub_id: str, config: str | None, split: str) -> Iterator[tuple[str, Any]]:
     """Rows of a Hugging Face dataset (downloads unless HF_DATASETS_OFFLINE / a local cache)."""
     from datasets import load_dataset
 
@@ -82,14 +83,15 @@ def parse_rows(rows: Iterator[tuple[str, Any]], parse: Callable[[dict, int], T])
     skipped = 0
     for index, (where, row) in enumerate(rows):
         try:
-            if isinstance(row, Exception):
-                raise ValueError(str(row))
+            if isinstance(row, Exception):  # unreadable line (JSON syntax, CSV field count)
+                raise row
             if not isinstance(row, dict):
                 raise TypeError(f"expected an object, got {type(row).__name__}")
             out.append(parse(row, index))
-        except (KeyError, ValueError, TypeError) as err:
+        except (KeyError, ValueError, TypeError) as err:  # JSONDecodeError is a ValueError
             skipped += 1
-            log.warning("%s: malformed row skipped (%s: %s)", where, type(err).__name__, err)
+            why = f"missing field {err}" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
+            log.warning("%s: malformed row skipped (%s)", where, why)
     return out, skipped
 
 

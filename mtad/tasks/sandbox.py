@@ -11,7 +11,7 @@ generated code, not a security boundary against an adversary):
   them all, so fork bombs and zombies do not outlive the call;
 - the working directory is a throw-away temp directory (HOME and TMPDIR point there), the environment is
   minimal (no proxies, no PYTHON* variables; ``python -I``);
-- when running as root the program drops to uid/gid ``nobody`` (65534) after pre-importing common
+- when running as root the program drops to uid/gid ``nobody`` after pre-importing common
   standard-library modules (root's interpreter lives under a private home), so RLIMIT_NPROC applies, the
   repository is read-only to it and it cannot signal our processes; importing a standard-library module
   outside the preloaded list then fails and the sample fails;
@@ -26,16 +26,24 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
+import signal
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 log = logging.getLogger(__name__)
 WORKER = Path(__file__).with_name("sandbox_worker.py")
-NOBODY = 65534
+
+
+def _nobody() -> tuple[int, int]:
+    try:
+        entry = pwd.getpwnam("nobody")
+        return entry.pw_uid, entry.pw_gid
+    except KeyError:
+        return 65534, 65534
 
 
 @dataclass(frozen=True)
@@ -50,7 +58,7 @@ class Limits:
 @dataclass(frozen=True)
 class RunResult:
     status: str  # passed | failed | exited_early | timeout | sandbox_error
-    returncode: Optional[int]
+    returncode: int | None
     output: str  # tail of stdout+stderr
     wall_s: float
 
@@ -64,9 +72,11 @@ def run_python(source: str, limits: Limits = Limits()) -> RunResult:
     with tempfile.TemporaryDirectory(prefix="mtad-sandbox-", ignore_cleanup_errors=True) as work:
         program = Path(work, "program.py")
         program.write_text(source, encoding="utf-8")
+        uid, gid = _nobody()
         if os.geteuid() == 0:
-            os.chown(work, NOBODY, NOBODY)
-        job = {"workdir": work, "program_path": str(program), "output_path": str(Path(work, "output.txt")),
+            os.chown(work, uid, gid)
+        job = {"workdir": work, "uid": uid, "gid": gid, "program_path": str(program),
+               "output_path": str(Path(work, "output.txt")),
                "timeout_s": limits.timeout_s, "memory_mb": limits.memory_mb, "output_bytes": limits.output_bytes,
                "processes": limits.processes, "open_files": limits.open_files}
         result = _supervise(job, limits.timeout_s + 15.0)
@@ -82,13 +92,16 @@ def _supervise(job: dict, guard_s: float) -> RunResult:
     try:
         out, err = proc.communicate(json.dumps(job), timeout=guard_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         log.error("sandbox supervisor did not finish within %.0f s; counted as a failure", guard_s)
         return RunResult("timeout", None, "supervisor timeout", guard_s)
     try:
         row = json.loads(out.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
+        if proc.returncode is not None and proc.returncode < 0:  # killed by a signal: the program's doing
+            log.warning("sandbox supervisor was killed by signal %d; counted as a failure", -proc.returncode)
+            return RunResult("failed", None, "supervisor killed", 0.0)
         raise RuntimeError(f"the HumanEval sandbox supervisor failed (exit {proc.returncode}): {err[-2000:]}")
     if not row["reaped"]:
         log.warning("sandbox: some processes of the program could not be reaped within 5 s")

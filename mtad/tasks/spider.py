@@ -12,8 +12,8 @@ import re
 import sqlite3
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 import sqlglot
 from sqlglot import exp
@@ -127,12 +127,12 @@ class Spider(Task):
 
     def __init__(self, cfg: TaskConfig):
         super().__init__(cfg)
-        self.db_dir: Optional[Path] = Path(self.cfg.db_dir).expanduser() if self.cfg.db_dir else None
+        self.db_dir: Path | None = Path(self.cfg.db_dir).expanduser() if self.cfg.db_dir else None
         if self.db_dir is not None and not self.db_dir.is_dir():
             raise FileNotFoundError(f"spider: task.db_dir={self.db_dir} is not a directory; point it at the folder "
                                     "holding <db_id>/<db_id>.sqlite (Spider's database/), or unset it for exact match")
         self.metric = "exec_accuracy" if self.db_dir else "exact_match_sqlglot"
-        self._schemas: Optional[dict[str, str]] = None
+        self._schemas: dict[str, str] | None = None
 
     def load(self) -> list[Sample]:
         split = self.cfg.split
@@ -161,7 +161,7 @@ class Spider(Task):
     def postprocess(self, sample: Sample, completion: str) -> str:
         """The first SQL statement: a fenced block if any, without a leading "SQL:", on one line."""
         blocks = SQL_FENCE.findall(completion)
-        sql = LEAD.sub("", blocks[0] if blocks else completion)
+        sql = LEAD.sub("", (blocks[0] if blocks else completion).lstrip())
         return " ".join(cut_at(sql, (*STOPS, *self.cfg.stop)).split())
 
     def db_path(self, db_id: str) -> Path:

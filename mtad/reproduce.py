@@ -1,0 +1,228 @@
+"""``python -m mtad.reproduce --profile cpu|quick|paper`` (``make reproduce-table``): run a preset's grid,
+then render ``<results_dir>/tables/<experiment>.md`` and ``.tex`` (:mod:`mtad.table`).
+
+The grid is the preset's ``hydra.sweeper.params`` (the same grid ``python -m mtad -m experiment=<name>``
+runs), expanded the way Hydra's basic sweeper does it (overrides given here replace a swept key), and run
+in this process through Hydra's compose API and :func:`mtad.runner.run`, with a progress bar over the runs.
+An interrupted sweep resumes: the runner skips every configuration whose hash already has a row, so a second
+invocation only renders the tables. A run that fails is reported and the sweep goes on; the exit status is
+1 when any run failed.
+
+Profiles: ``quick`` (tiny random pair, minutes; tests and CI), ``cpu`` (the embedded SmolLM2 pair, about an
+hour on 2 cores), ``paper`` (the paper's pairs; GPUs). ``--experiment tau|gamma|beam_width`` runs an
+ablation preset instead, with the ``speculative`` baseline run its speed-up column needs.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+log = logging.getLogger("mtad.reproduce")
+
+PROFILES = {"quick": "quick", "cpu": "cpu_table", "paper": "paper_table"}
+# Extra runs a preset's table needs but its grid cannot express (a Hydra grid is a Cartesian product):
+# the speed-up baseline of the ablations that sweep only MTAD settings.
+BASELINES = {"tau": ["decoder=speculative"], "beam_width": ["decoder=speculative"]}
+
+
+@dataclass
+class Summary:
+    experiment: str
+    results_file: Path
+    ran: int = 0
+    skipped: int = 0
+    failed: list = field(default_factory=list)  # (overrides, message)
+    tables: tuple = ()
+
+
+def conf_dir() -> Path:
+    from mtad.paths import REPO_ROOT
+
+    return REPO_ROOT / "conf"
+
+
+def grid(experiment: str, overrides: Sequence[str] = ()) -> list[list[str]]:
+    """Every run of the preset as a list of overrides (``experiment=<name>`` first), baselines last."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from mtad.config import register_configs
+
+    register_configs()
+    _check_preset(experiment)
+    parser = OverridesParser.create()
+    user = [o for o in overrides if not _is_experiment(o)]
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose("config", overrides=[f"experiment={experiment}", *_single(parser, user)],
+                      return_hydra_config=True)
+    params = dict(cfg.hydra.sweeper.params or {})
+    swept = [f"{k}={v}" for k, v in params.items()]
+    jobs = _product(parser, swept + user)
+    # Baselines keep every setting but the swept decoder ones (e.g. decoder.tau) and the decoder itself.
+    drop = {k for k in params if k.lstrip("+~").startswith("decoder")}
+    for extra in ([BASELINES[experiment]] if experiment in BASELINES else []):
+        drop_all = drop | {_key(parser, e) for e in extra}
+        kept = [o for o in swept + user if _key(parser, o) not in drop_all]
+        jobs += _product(parser, kept + extra)
+    seen, unique = set(), []
+    for job in jobs:
+        job = [f"experiment={experiment}", *job]
+        if tuple(job) not in seen:
+            seen.add(tuple(job))
+            unique.append(job)
+    return unique
+
+
+def _product(parser, overrides: Sequence[str]) -> list[list[str]]:
+    """The Cartesian product of the sweep overrides, later keys replacing earlier ones (Hydra's basic sweeper)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    if not overrides:
+        return [[]]
+    return BasicSweeper.split_arguments(parser.parse_overrides(list(overrides)), None)[0]
+
+
+def _key(parser, override: str) -> str:
+    return parser.parse_override(override).get_key_element()
+
+
+def _single(parser, overrides: Sequence[str]) -> list[str]:
+    """The first value of every sweep override (enough to compose the preset and read its settings)."""
+    return _product(parser, overrides)[0] if overrides else []
+
+
+def _is_experiment(override: str) -> bool:
+    """``experiment=X`` selects the preset; this module sets it itself."""
+    return override.split("=", 1)[0].lstrip("+~") == "experiment"
+
+
+def _check_preset(experiment: str) -> None:
+    path = conf_dir() / "experiment" / f"{experiment}.yaml"
+    if not path.is_file():
+        names = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
+        raise ValueError(f"no experiment preset {experiment!r}: choose one of {names} (conf/experiment/)")
+
+
+def compose_job(job: Sequence[str]):
+    from hydra import compose, initialize_config_dir
+
+    from mtad.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        return compose("config", overrides=list(job))
+
+
+def reproduce(experiment: str, overrides: Sequence[str] = (), tables_dir: str | Path | None = None,
+              run_grid: bool = True, progress: bool = True) -> Summary:
+    """Run the preset's grid (resuming), then write the tables. Returns what happened."""
+    from mtad.runner import run
+
+    jobs = grid(experiment, overrides)
+    from mtad.config import experiment_name
+
+    first = compose_job(jobs[0])
+    name = experiment_name(first)  # `name=X` among the overrides renames the results file and the tables
+    results_file = Path(first.results_dir) / f"{name}.jsonl"
+    summary = Summary(experiment=name, results_file=results_file)
+    if run_grid:
+        bar = _bar(len(jobs), summary.experiment, progress)
+        for job in jobs:
+            bar.set_postfix_str(_label(job, overrides), refresh=True)
+            _run_one(run, job, summary)
+            bar.update(1)
+        bar.close()
+    if not results_file.exists():
+        raise FileNotFoundError(f"{results_file} holds no rows: every run failed ({len(summary.failed)}); "
+                                "see the errors above")
+    from mtad.results import load_frame
+    from mtad.table import write_tables
+
+    out = Path(tables_dir) if tables_dir is not None else Path(first.results_dir) / "tables"
+    summary.tables = write_tables(load_frame(results_file), out, summary.experiment)
+    return summary
+
+
+def _run_one(run, job: Sequence[str], summary: Summary) -> None:
+    try:
+        row = run(compose_job(job))
+    except (ValueError, FileNotFoundError, OSError, RuntimeError, ImportError) as err:
+        log.error("run %s failed: %s: %s", " ".join(job), type(err).__name__, err)
+        summary.failed.append((list(job), f"{type(err).__name__}: {err}"))
+        return
+    if row is None:
+        summary.skipped += 1
+    else:
+        summary.ran += 1
+
+
+def _label(job: Sequence[str], common: Sequence[str] = ()) -> str:
+    """The overrides that tell this run from the others of the grid."""
+    return " ".join(o for o in job if not _is_experiment(o) and o not in common)
+
+
+class _NoBar:
+    def set_postfix_str(self, *a, **k) -> None:
+        pass
+
+    def update(self, *a) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(total: int, name: str, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=name, unit="run", file=sys.stderr, dynamic_ncols=True)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m mtad.reproduce", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", choices=sorted(PROFILES), default="cpu",
+                   help="quick: tiny pair, minutes; cpu: embedded SmolLM2 pair, ~1 h on 2 cores; paper: GPUs")
+    p.add_argument("--experiment", default=None,
+                   help="run this conf/experiment preset instead of the profile's (e.g. tau, gamma, beam_width)")
+    p.add_argument("--tables-dir", default=None, help="where the .md/.tex go (default: <results_dir>/tables)")
+    p.add_argument("--render-only", action="store_true", help="do not run anything; render the existing rows")
+    p.add_argument("--list", action="store_true", help="print the runs of the grid and exit")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. results_dir=out task.n_prompts=4")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("mtad.energy").setLevel(logging.WARNING)  # the source is in every row; once per prompt is noise
+    experiment = args.experiment or PROFILES[args.profile]
+    try:
+        if args.list:
+            for job in grid(experiment, args.overrides):
+                print(" ".join(job))
+            return 0
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        with logging_redirect_tqdm():
+            s = reproduce(experiment, args.overrides, args.tables_dir, run_grid=not args.render_only,
+                          progress=not args.no_progress)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"mtad.reproduce: error: {err}", file=sys.stderr)
+        return 2
+    print(f"{s.experiment}: {s.ran} runs done, {s.skipped} already had a row, {len(s.failed)} failed; "
+          f"rows in {s.results_file}; tables {' and '.join(str(t) for t in s.tables)}")
+    for job, msg in s.failed:
+        print(f"  failed: {' '.join(job)}: {msg}", file=sys.stderr)
+    return 1 if s.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

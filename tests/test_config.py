@@ -1,0 +1,79 @@
+"""Every YAML under conf/ composes against its typed schema; typos and wrong types fail at compose time."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from mtad.config import register_configs
+from mtad.decoding import DecoderConfig
+from mtad.loading import ModelConfig
+from mtad.paths import REPO_ROOT
+from mtad.tasks.base import TaskConfig
+from mtad.tracker import TrackingConfig
+
+CONF = REPO_ROOT / "conf"
+register_configs()
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def _compose(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+@pytest.mark.parametrize("group,cls", [("decoder", DecoderConfig), ("model", ModelConfig),
+                                       ("task", TaskConfig), ("tracking", TrackingConfig)])
+def test_every_group_option_composes_and_validates(group, cls):
+    options = _options(group)
+    assert options, f"no YAML in conf/{group}"
+    for name in options:
+        cfg = _compose([f"{group}={name}"])
+        node = OmegaConf.to_container(cfg[group], resolve=False)
+        if group == "tracking":
+            node["group"] = None  # interpolates the experiment name
+        obj = cls.from_any(node) if hasattr(cls, "from_any") else cls(**node)  # __post_init__ validation
+        assert obj is not None
+
+
+def test_every_experiment_preset_composes():
+    for name in _options("experiment"):
+        cfg = _compose([f"experiment={name}"])
+        assert cfg.experiment, name
+        DecoderConfig.from_any(cfg.decoder)
+
+
+def test_misspelt_key_fails_at_compose_time_naming_it():
+    with pytest.raises(ConfigCompositionException) as err:
+        _compose(["decoder=mtad", "decoder.gamam=3"])
+    assert "gamam" in str(err.value) or "gamam" in str(err.value.__cause__)
+
+
+def test_wrong_type_fails_at_compose_time_naming_the_key():
+    with pytest.raises((ConfigCompositionException, ValidationError)) as err:
+        _compose(["decoder.gamma=four"])
+    assert "gamma" in str(err.value) + str(err.value.__cause__)
+
+
+def test_unknown_group_option_lists_valid_ones():
+    with pytest.raises(ConfigCompositionException) as err:
+        _compose(["decoder=nosuch"])
+    assert "mtad" in str(err.value)  # Hydra lists the available options
+
+
+def test_yaml_typo_inside_a_group_file_fails(tmp_path: Path):
+    conf = tmp_path / "conf"
+    import shutil
+
+    shutil.copytree(CONF, conf)
+    (conf / "decoder" / "typo.yaml").write_text("name: mtad\ngama: 4\n")
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        with pytest.raises((ConfigCompositionException, ConfigKeyError)):
+            compose(config_name="config", overrides=["decoder=typo"])
