@@ -116,8 +116,9 @@ class EnergyMeter:
                 notes.append(f"RAPL not readable: {_describe(exc)}")
         self._reason = "; ".join(notes) or None
         self._started = True
-        if self._reason:
+        if self._reason and self._reason != getattr(self, "_told", None):  # say it once, not per prompt
             log.info("energy source %s (%s)", self._source, self._reason)
+            self._told = self._reason
 
     def stop(self) -> EnergyReading:
         """Read the counters again; the difference is the window's energy in joules."""

@@ -45,17 +45,16 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-import torch
-
 # lm_eval.models must be imported before anything is registered: lm-eval fills its registry with its own
 # models only when the registry is still empty, so an early registration would hide "hf" and the rest.
 import lm_eval.models  # noqa: F401
+import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from tqdm import tqdm
 
-from mtad.decoding import DECODERS, DecodeResult, DecoderConfig, generate
+from mtad.decoding import DECODERS, DecoderConfig, DecodeResult, generate
 from mtad.decoding.core import NEEDS_DRAFT
 from mtad.metrics import run_metrics
 from mtad.pair import ModelPair
@@ -127,6 +126,9 @@ class MTADLM(HFLM):
         kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
         until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
         cfg = self.request_config(gen_kwargs, kwargs.pop("max_gen_toks"))
+        if cfg.max_new_tokens >= self.max_length:
+            raise ValueError(f"max_gen_toks={cfg.max_new_tokens} leaves no room for a prompt in the target's "
+                             f"{self.max_length}-token context: lower max_gen_toks")
         ids, _ = self.tok_batch_encode([context], left_truncate_len=self.max_length - cfg.max_new_tokens,
                                        truncation=self.truncation)  # (1, T), HFLM's own encoding
         rng = torch.Generator(device=self.models.device).manual_seed(seed)
@@ -190,7 +192,8 @@ def decoder_config(name: str, **overrides: Any) -> DecoderConfig:
 
 
 def _load_preset(path: Path) -> dict:
-    """A decoder YAML as a dict, its Hydra ``defaults`` (sibling presets, ``_self_``) merged in order."""
+    """A ``conf/<group>/<name>.yaml`` as a dict, its Hydra ``defaults`` (sibling files, ``_self_``) merged in
+    order."""
     from omegaconf import OmegaConf
 
     node = OmegaConf.to_container(OmegaConf.load(path), resolve=True)

@@ -99,10 +99,15 @@ def _hashable(value: Any) -> Any:
     return value
 
 
-def prepare(frame):
-    """The frame with the columns every table reads: ``pair decoder variant task ppl score score_name
-    ms_per_token j_per_token block_efficiency acceptance_rate`` (None where a run lacks the figure),
-    duplicates of one configuration reduced to the latest row, and ``speedup``/``energy_ratio`` joined in."""
+NOTE_COLUMNS = ("timestamp", "n_prompts", "seed", "git_sha", "versions.torch", "versions.transformers",
+                "versions.mtad", "metrics.per_position_acceptance", "metrics.energy_source", "run_id")
+
+
+def prepare(frame, keep: Sequence[str] = ()):
+    """A slim frame with the columns every table reads: ``pair decoder variant task ppl score score_name
+    ms_per_token j_per_token block_efficiency acceptance_rate speedup energy_ratio`` (None where a run lacks
+    the figure), the join keys, ``decoder.*`` settings, a few bookkeeping columns and ``keep``; duplicates of
+    one configuration reduced to the latest row; ``speedup``/``energy_ratio`` joined in."""
     if frame is None or len(frame) == 0:
         raise ValueError("no result rows to tabulate: run the experiment first (python -m mtad.reproduce)")
     for need in ("decoder.name", "model.name", "task.name"):
@@ -117,6 +122,10 @@ def prepare(frame):
                      ("j_per_token", "metrics.energy_j_per_token"), ("block_efficiency", "metrics.block_efficiency"),
                      ("acceptance_rate", "metrics.acceptance_rate")):
         df[new] = [_num(v) for v in _col(df, old)]
+    wanted = ["pair", "decoder", "task", "score_name", "score", "ppl", "ms_per_token", "j_per_token",
+              "block_efficiency", "acceptance_rate", *JOIN_KEYS, *NOTE_COLUMNS, *keep,
+              *(c for c in df.columns if c.startswith("decoder."))]
+    df = df[[c for c in dict.fromkeys(wanted) if c in df.columns]].copy()
     df["variant"] = _variants(df)
     df = _latest_per_config(df)
     return add_baseline_ratios(df)
@@ -212,9 +221,9 @@ def _primary(df):
     return df[keep]
 
 
-def _cells(df, method: str, versus: str, pairs: Sequence[str]) -> tuple[list[tuple[Any, Any]], bool]:
-    """(method row, baseline row) per comparable cell; the bool says whether the paper's pairs were found."""
-    prim = _primary(df)
+def _cells(prim, method: str, versus: str, pairs: Sequence[str]) -> tuple[list[tuple[Any, Any]], bool]:
+    """(method row, baseline row) per comparable cell of the ``_primary`` frame; the bool says whether the
+    paper's pairs were found."""
     on_paper = bool(pairs) and prim["pair"].isin(pairs).any()
     rows = prim[prim["pair"].isin(pairs)] if on_paper else prim
     cells = []
@@ -259,9 +268,9 @@ def _aggregate(kind: str, values: list[float]) -> Optional[float]:
 
 def claims(df, claim_list: Iterable[Claim] = CLAIMS) -> list[dict]:
     """One dict per claim: the paper's figure, ours (None if unmeasured), the cells it is over, hardware."""
-    out = []
+    out, prim = [], _primary(df)
     for c in claim_list:
-        cells, on_paper = _cells(df, c.method, c.versus, c.pairs)
+        cells, on_paper = _cells(prim, c.method, c.versus, c.pairs)
         vals = [(m, b, v) for m, b in cells if (v := _per_cell(c.kind, m, b)) is not None]
         ours = _aggregate(c.kind, [v for _, _, v in vals])
         pairs = sorted({m["pair"] for m, _, _ in vals})
@@ -420,15 +429,16 @@ def render_markdown(frame, title: str = "results") -> str:
 # ------------------------------------------------------------------------------------------- LaTeX
 _TEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                 "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-                "×": r"$\times$", "—": "---", "−": "$-$", "τ": r"$\tau$", "γ": r"$\gamma$"}
+                "×": r"$\times$", "—": "---", "–": "--", "−": "$-$", "τ": r"$\tau$", "γ": r"$\gamma$"}
 
 
 def tex_escape(text: str) -> str:
     return "".join(_TEX_ESCAPES.get(ch, ch) for ch in str(text))
 
 
-def _tex_table(header: Sequence[str], rows: Sequence[Sequence[Any]], caption: str, fmt=None) -> str:
-    spec = "ll" + "r" * (len(header) - 2)
+def _tex_table(header: Sequence[str], rows: Sequence[Sequence[Any]], caption: str, fmt=None,
+               spec: Optional[str] = None) -> str:
+    spec = spec or "ll" + "r" * (len(header) - 2)
     body = [r"\begin{table}[t]", r"\centering", r"\small", rf"\caption{{{tex_escape(caption)}}}",
             rf"\begin{{tabular}}{{{spec}}}", r"\toprule", " & ".join(tex_escape(h) for h in header) + r" \\",
             r"\midrule"]
@@ -448,7 +458,7 @@ def render_latex(frame, title: str = "results") -> str:
         parts.append(_tex_table(*speed_rows(df, task), caption=f"{title}: speed and energy on {task}"))
     header, rows = claim_rows(df)
     parts.append(_tex_table(header, rows, caption="The paper's headline claims beside our measurements",
-                            fmt=lambda v, h: str(v)))
+                            fmt=lambda v, h: str(v), spec="p{2.2cm}p{3.6cm}rp{3cm}rp{3.4cm}p{2.2cm}"))
     return "\n\n".join(parts) + "\n"
 
 

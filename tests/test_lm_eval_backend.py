@@ -19,17 +19,16 @@ from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import lm_eval
+import pytest
+import torch
+from lm_eval.api.registry import get_model
+from lm_eval.tasks import TaskManager
 
-import lm_eval  # noqa: E402
-from lm_eval.api.registry import get_model  # noqa: E402
-from lm_eval.tasks import TaskManager  # noqa: E402
-
-from mtad.decoding import DecoderConfig, generate  # noqa: E402
-from mtad.lm_eval_backend import MTADLM, load_models  # noqa: E402
-from mtad.metrics import sequence_logprobs  # noqa: E402
-from mtad.paths import REPO_ROOT  # noqa: E402
+from mtad.decoding import DecoderConfig, generate
+from mtad.lm_eval_backend import MTADLM, load_models
+from mtad.metrics import sequence_logprobs
+from mtad.paths import REPO_ROOT
 
 TASKS = Path(__file__).resolve().parent / "lm_eval_tasks"
 T1 = "do_sample=True,temperature=1.0,top_k=0,top_p=1.0"  # full-vocabulary sampling at T=1
@@ -171,12 +170,12 @@ def test_bad_model_args_fail_clearly(args, error, match):
 
 
 def test_command_line(tmp_path):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    path = [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(path))
     cmd = [sys.executable, "-m", "mtad.lm_eval_backend", "--model", "mtad", "--model_args",
            "pair=tiny,decoder=mtad", "--tasks", "tiny_gen", "--include_path", str(TASKS), "--device", "cpu",
            "--limit", "2", "--output_path", str(tmp_path)]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (result_file,) = tmp_path.glob("*/results_*.json")
     result = json.loads(result_file.read_text())
@@ -185,6 +184,6 @@ def test_command_line(tmp_path):
 
     # negative control: lm-eval alone has no "mtad" (it does not import plugins), hence the wrapper
     probe = "import lm_eval.api.registry as r, lm_eval.models; print('mtad' in r.model_registry)"
-    plain = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=120)
+    plain = subprocess.run([sys.executable, "-c", probe], check=False, cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
     assert plain.stdout.strip() == "False", plain.stderr[-2000:]

@@ -67,3 +67,22 @@ def batch_logits(m, seqs: list[list[int]]) -> torch.Tensor:
     """Cache-free logits of equal-length sequences in one batch: (B, T, V)."""
     with torch.no_grad():
         return m(torch.tensor(seqs)).logits.float()
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor, alpha: float = 0.999) -> tuple[float, float]:
+    """(Pearson statistic, bound chi2.ppf(alpha, dof)) of ``counts`` against the exact ``probs`` (same shape).
+
+    Cells with expected count < 5 are pooled into one bin (the usual validity rule), dof = bins - 1.
+    Any count on a zero-probability cell gives an infinite statistic."""
+    from scipy.stats import chi2
+
+    counts, probs = counts.flatten().double(), probs.flatten().double()
+    n = counts.sum()
+    if counts[probs == 0].sum() > 0:
+        return float("inf"), float(chi2.ppf(alpha, 1))
+    big, small = n * probs >= 5, (probs > 0) & (n * probs < 5)
+    observed = torch.cat([counts[big], counts[small].sum()[None]])  # (bins,)
+    expected = torch.cat([n * probs[big], n * probs[small].sum()[None]])
+    keep = expected > 0
+    stat = ((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum()
+    return float(stat), float(chi2.ppf(alpha, int(keep.sum()) - 1))
