@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -22,7 +24,22 @@ def main(cfg: DictConfig) -> None:
     except (ValueError, FileNotFoundError, OSError) as err:
         log.error("%s: %s", type(err).__name__, err)
         print(f"mtad: error: {err}", file=sys.stderr)
+        _drop_failed_run_dir()
         sys.exit(2)
+
+
+def _drop_failed_run_dir() -> None:
+    """A run that failed before writing results leaves no directory behind (only Hydra's config + log)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    out = Path(HydraConfig.get().runtime.output_dir)
+    if out.is_dir() and not (out / "samples.jsonl").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        for parent in list(out.parents)[:3]:  # empty experiment/sweep folders too
+            try:
+                parent.rmdir()
+            except OSError:
+                break
 
 
 if __name__ == "__main__":

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def _col(frame, name: str, default: Any = None):
     return frame[name] if name in frame.columns else pd.Series([default] * len(frame), index=frame.index)
 
 
-def _num(value: Any) -> Optional[float]:
+def _num(value: Any) -> float | None:
     try:
         x = float(value)
     except (TypeError, ValueError):
@@ -131,19 +132,29 @@ def prepare(frame, keep: Sequence[str] = ()):
     return add_baseline_ratios(df)
 
 
+# Measurement settings that, when they differ within one file, also split a decoder's rows (short names).
+SETTING_LABELS = {"decoder.max_new_tokens": "tokens", "task.n_prompts": "prompts", "device_name": "on",
+                  "num_threads": "threads"}
+
+
 def _variants(df) -> list[str]:
-    """``decoder`` plus the decoder settings that differ between this decoder's rows, e.g. ``mtad (tau=0.3)``."""
+    """``decoder`` plus the decoder settings that differ between this decoder's rows, e.g. ``mtad (tau=0.3)``,
+    plus any measurement setting that differs within the frame, e.g. ``greedy [on=NVIDIA H200]``."""
     labels = list(df["decoder"])
     for name in set(df["decoder"]):
         rows = df[df["decoder"] == name]
         varying = [k for k in VARIANT_KEYS if f"decoder.{k}" in df.columns
                    and len({_hashable(v) for v in rows[f"decoder.{k}"]}) > 1]
-        if name == BASELINE and "decoder.accept" in df.columns and "accept" not in varying:
-            if any(v == "threshold" for v in rows["decoder.accept"]):
-                varying.insert(0, "accept")
+        threshold = "decoder.accept" in df.columns and any(v == "threshold" for v in rows["decoder.accept"])
+        if name == BASELINE and threshold and "accept" not in varying:
+            varying.insert(0, "accept")
         for i, row in rows.iterrows():
             if varying:
                 labels[i] = f"{name} (" + ", ".join(f"{k}={_fmt_setting(row[f'decoder.{k}'])}" for k in varying) + ")"
+    settings = [c for c in SETTING_LABELS if c in df.columns and len({_hashable(v) for v in df[c]}) > 1]
+    if settings:
+        labels = [f"{label} [" + ", ".join(f"{SETTING_LABELS[c]}={_fmt_setting(df.at[i, c])}" for c in settings) + "]"
+                  for i, label in enumerate(labels)]
     return labels
 
 
@@ -164,10 +175,6 @@ def _latest_per_config(df):
     if len(dedup) < len(df):
         log.info("kept the latest of %d repeated measurements of one configuration", len(df) - len(dedup))
     return dedup.sort_index().reset_index(drop=True)
-
-
-def _is_baseline(row) -> bool:
-    return row["decoder"] == BASELINE and row.get("decoder.accept", "lossless") in (None, "lossless")
 
 
 def baseline_of(df, row, decoder: str = BASELINE):
@@ -191,7 +198,7 @@ def baseline_of(df, row, decoder: str = BASELINE):
     return None if cands.empty else cands.iloc[-1]
 
 
-def _ratio(num: Optional[float], den: Optional[float]) -> Optional[float]:
+def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den not in (None, 0.0) else None
 
 
@@ -234,7 +241,7 @@ def _cells(prim, method: str, versus: str, pairs: Sequence[str]) -> tuple[list[t
     return cells, on_paper
 
 
-def _per_cell(kind: str, m, b) -> Optional[float]:
+def _per_cell(kind: str, m, b) -> float | None:
     m, b = {k: _num(m[k]) for k in _FIGURES}, {k: _num(b[k]) for k in _FIGURES}
     if kind == "ppl_change":
         r = _ratio(m["ppl"], b["ppl"])
@@ -255,7 +262,7 @@ def _per_cell(kind: str, m, b) -> Optional[float]:
 _FIGURES = ("ppl", "score", "ms_per_token", "j_per_token")
 
 
-def _aggregate(kind: str, values: list[float]) -> Optional[float]:
+def _aggregate(kind: str, values: list[float]) -> float | None:
     """Ratios: geometric mean over cells; percentage changes: arithmetic mean."""
     if not values:
         return None
@@ -312,12 +319,12 @@ def _cell(df, pair: str, variant: str, task: str):
     return None if hit.empty else hit.iloc[-1]
 
 
-def _score_label(df, task: str) -> Optional[str]:
+def _score_label(df, task: str) -> str | None:
     names = sorted({n for n in df[df["task"] == task]["score_name"] if isinstance(n, str)})
     return "/".join(names) if names else None
 
 
-def quality_rows(df) -> tuple[list[str], list[list[Optional[float | str]]]]:
+def quality_rows(df) -> tuple[list[str], list[list[float | str | None]]]:
     """Header and rows of the quality table: pair, decoder, then per task PPL and score."""
     header, cols = ["pair", "decoder"], []
     for task in _tasks(df):
@@ -362,7 +369,7 @@ def _fmt(value: Any, column: str = "") -> str:
     return f"{x:.3f}"
 
 
-def _fmt_claim(value: Optional[float], kind: str) -> str:
+def _fmt_claim(value: float | None, kind: str) -> str:
     if value is None:
         return DASH
     if kind in _PERCENT_KINDS:
@@ -404,13 +411,13 @@ def _settings_note(df) -> list[str]:
         return ", ".join(vals) if vals else DASH
 
     notes = [f"- hardware: {values('device_name')}; torch threads: {values('num_threads')}",
-             f"- prompts per run: {values('n_prompts')} (task.n_prompts: {values('task.n_prompts')}); "
-             f"max new tokens: {values('decoder.max_new_tokens')}; seed: {values('seed')}",
-             f"- git: {values('git_sha')}; versions: torch {values('versions.torch')}, transformers "
-             f"{values('versions.transformers')}, mtad {values('versions.mtad')}",
-             f"- {len(df)} runs. PPL = exp(−mean over samples of the mean log-probability) under the raw target. "
-             f"speed-up and energy ratio are {BASELINE}'s ms/token (J/token) divided by the row's, joined on "
-             f"{', '.join(_join_columns(df))}."]
+             (f"- prompts per run: {values('n_prompts')} (task.n_prompts: {values('task.n_prompts')}); "
+              f"max new tokens: {values('decoder.max_new_tokens')}; seed: {values('seed')}"),
+             (f"- git: {values('git_sha')}; versions: torch {values('versions.torch')}, transformers "
+              f"{values('versions.transformers')}, mtad {values('versions.mtad')}"),
+             (f"- {len(df)} runs. PPL = exp(−mean over samples of the mean log-probability) under the raw target. "
+              f"speed-up and energy ratio are {BASELINE}'s ms/token (J/token) divided by the row's, joined on "
+              f"{', '.join(_join_columns(df))}.")]
     return notes
 
 
@@ -420,8 +427,8 @@ def render_markdown(frame, title: str = "results") -> str:
     for task in _tasks(df):
         parts += [f"## Speed and energy — {task}", "", _md_table(*speed_rows(df, task)), ""]
     parts += ["## The paper's headline claims beside ours", "",
-              "Paper figures as published (docs/PAPER.md); ours aggregate the comparable (pair, task) cells: "
-              "geometric mean of ratios, arithmetic mean of percentage changes. — = not measured here.", "",
+              ("Paper figures as published (docs/PAPER.md); ours aggregate the comparable (pair, task) cells: "
+               "geometric mean of ratios, arithmetic mean of percentage changes. — = not measured here."), "",
               _md_table(*claim_rows(df)), "", "## Settings", ""] + _settings_note(df) + [""]
     return "\n".join(parts)
 
@@ -437,7 +444,7 @@ def tex_escape(text: str) -> str:
 
 
 def _tex_table(header: Sequence[str], rows: Sequence[Sequence[Any]], caption: str, fmt=None,
-               spec: Optional[str] = None) -> str:
+               spec: str | None = None) -> str:
     spec = spec or "ll" + "r" * (len(header) - 2)
     body = [r"\begin{table}[t]", r"\centering", r"\small", rf"\caption{{{tex_escape(caption)}}}",
             rf"\begin{{tabular}}{{{spec}}}", r"\toprule", " & ".join(tex_escape(h) for h in header) + r" \\",

@@ -2,7 +2,10 @@
 
 Lossless rules (``speculative_accept``, ``multi_draft_accept``) are checked by simulation on synthetic
 p, q with 20,000 draws against the exact target distribution (Pearson chi-square < chi2.ppf(0.999, dof),
-cells with expected count < 5 pooled); each has a broken variant that must fail the same check.
+cells with expected count < 5 pooled); each has a broken variant (5,000 draws) that must exceed its bound.
+Seeds are fixed, so the outcome is deterministic. Measured statistic (bound):
+speculative_accept 19.8 (43.8), broken 788.9 (37.7); multi_draft_accept k=3 5.3 (16.3), broken 1013.0 (16.3);
+k=1 0.1 (16.3).
 """
 from __future__ import annotations
 
@@ -10,11 +13,17 @@ import math
 import sys
 
 import pytest
-import torch
 import tinymodels as tm
+import torch
 
-from mtad.decoding.accept import (mmtad_accept, mtad_accept, multi_draft_accept, residual, speculative_accept,
-                                  threshold_accept)
+from mtad.decoding.accept import (
+    mmtad_accept,
+    mtad_accept,
+    multi_draft_accept,
+    residual,
+    speculative_accept,
+    threshold_accept,
+)
 
 torch.set_num_threads(1)
 N = 20_000
@@ -64,8 +73,8 @@ def test_speculative_accept_is_lossless_and_broken_variant_fails():
     J = P[0][:, None] * P[1][None]  # (V, V)
     ok, bound = tm.chi_square(first_two(speculative_accept, N), J)
     assert ok < bound, (ok, bound)
-    bad, _ = tm.chi_square(first_two(broken_speculative, N // 4), J)
-    assert bad > bound, (bad, bound)
+    bad, bad_bound = tm.chi_square(first_two(broken_speculative, N // 4), J)
+    assert bad > bad_bound, (bad, bad_bound)
 
 
 def test_speculative_accept_deterministic_cases():
@@ -114,8 +123,8 @@ def test_multi_draft_accept_is_lossless_and_broken_variant_fails(k):
     ok, bound = tm.chi_square(multi_draft_counts(multi_draft_accept, p, q, k, N), p)
     assert ok < bound, (ok, bound)
     if k > 1:  # with one child the broken rule is the correct one
-        bad, _ = tm.chi_square(multi_draft_counts(broken_multi_draft, p, q, k, N // 4), p)
-        assert bad > bound, (bad, bound)
+        bad, bad_bound = tm.chi_square(multi_draft_counts(broken_multi_draft, p, q, k, N // 4), p)
+        assert bad > bad_bound, (bad, bad_bound)
 
 
 def test_multi_draft_accept_identical_distributions_accept_the_first_child():

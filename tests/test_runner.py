@@ -122,6 +122,7 @@ def test_bad_input_fails_with_a_named_error_and_no_row(tmp_path, data_file, over
     assert out.returncode != 0
     assert needle in out.stderr
     assert not (tmp_path / "res" / "bad.jsonl").exists()
+    assert not [p for p in (tmp_path / "res").rglob("*") if p.is_file()], "a failed run left files behind"
 
 
 def test_long_prompt_is_skipped_with_recorded_reason(tmp_path, data_file):

@@ -1,0 +1,307 @@
+"""Speed benchmark against Hugging Face generation (``make bench``), on the embedded pair and GSM8K prompts.
+
+Comparisons, each run interleaved A B A B over the same prompts (warm-up first, wall time around the whole
+call for both sides, tokens/s = generated tokens / seconds summed over prompts and repeats):
+
+- ``speculative`` (ours) vs HF assisted generation (``target.generate(..., assistant_model=draft,
+  do_sample=True)``) with the same T / top-k / top-p and the same fixed draft length gamma: set on the DRAFT's
+  ``generation_config`` (transformers 5.24 reads assisted settings from the assistant's config):
+  ``num_assistant_tokens=gamma``, ``num_assistant_tokens_schedule="constant"``,
+  ``assistant_confidence_threshold=0`` (no early stop of the draft: the criterion is only added when > 0);
+  with ``do_sample=True`` and draft logits HF runs the same lossless rule (Leviathan et al., Alg. 1);
+- ``greedy`` (ours) vs HF greedy ``generate`` (token equality is reported too);
+- ``mtad`` vs our ``speculative``.
+
+Then, per speculative-family decoder, its measured speed-up over our autoregressive ``sampling`` divided by
+the analytic bound of Leviathan et al. (2023), with alpha its measured acceptance rate:
+
+    E(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha)        expected tokens per iteration
+    cost            = gamma * c + v                               per iteration, in target single-token steps
+    bound           = E / cost
+
+c = (one draft step) / (one KV-cached target step); for mtad a draft step carries W beams, so c is the
+W-beam step. v = (one target pass over gamma + 1 new tokens) / (one target step): Leviathan et al. take
+v = 1 (verification as cheap as one step, true on a GPU); on a CPU v is about 2, so we measure it.
+Costs come from a micro-benchmark of the models through ``mtad.decoding.kv.Session`` at the mean prompt
+length. A fraction near 1 means the implementation reaches what its acceptance rate allows.
+
+Rows are appended to ``results/bench.jsonl`` (``--out``); ``--quick`` is a smoke run on the tiny random pair.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("bench_hf")
+
+
+# ----------------------------------------------------------------------------------------------- setup
+def load(quick: bool):
+    """(pair, message): the tiny pair, or the embedded SmolLM2 pair (target only, with a message, when the
+    draft has not been trained yet)."""
+    from mtad.loading import DEFAULT_SMOLLM2_DRAFT, ModelConfig, load_pair
+
+    if quick:
+        return load_pair(ModelConfig(name="tiny", kind="tiny", device="cpu")), None
+    try:
+        return load_pair(ModelConfig(name="smollm2", kind="smollm2", draft=DEFAULT_SMOLLM2_DRAFT, device="cpu",
+                                     chat_template=True)), None
+    except FileNotFoundError as err:
+        msg = (f"the SmolLM2 draft is not there yet ({err}). Train it with `make train-draft`; "
+               "until then only greedy is compared with Hugging Face.")
+        return load_pair(ModelConfig(name="smollm2", kind="smollm2", draft=None, device="cpu",
+                                     chat_template=True)), msg
+
+
+def prompts(pair, n: int, quick: bool) -> list[list[int]]:
+    """The first ``n`` GSM8K test questions, zero-shot, in the pair's prompt format."""
+    from mtad.tasks.base import TaskConfig, get_task
+
+    cfg = TaskConfig(name="gsm8k", n_prompts=n, few_shot=0, max_prompt_tokens=384 if quick else 512,
+                     on_long_prompt="truncate")
+    task = get_task(cfg)
+    chat = bool(pair.info.get("chat_template", True))
+    return [task.encode(s, pair.tokenizer, 0, (), chat).ids for s in task.samples()]
+
+
+# ----------------------------------------------------------------------------------------------- methods
+def ours(name: str, args):
+    import mtad
+
+    cfg = {"name": name, "max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "beam_width": args.beam_width,
+           "tau": args.tau, "temperature": 0.0 if name == "greedy" else args.temperature, "top_k": args.top_k,
+           "top_p": args.top_p}
+
+    def call(pair, ids, seed):
+        r = mtad.generate(pair, ids, cfg, torch.Generator().manual_seed(seed))
+        return r.tokens, {"accepted": sum(r.accepted), "proposed": sum(r.proposed),
+                          "target_forwards": r.target_forwards}
+
+    return call
+
+
+def hf(kind: str, args):
+    """HF ``generate``: greedy, or assisted generation with the draft at a fixed gamma."""
+
+    def call(pair, ids, seed):
+        torch.manual_seed(seed)  # HF samples from the global generator
+        x = torch.tensor([ids])  # (1, T)
+        kw = {"max_new_tokens": args.max_new_tokens, "attention_mask": torch.ones_like(x),
+              "pad_token_id": pair.tokenizer.pad_token_id or pair.tokenizer.eos_token_id}
+        if kind == "greedy":
+            kw.update(do_sample=False)
+        else:
+            configure_assistant(pair.draft, args.gamma)
+            kw.update(do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                      assistant_model=pair.draft)
+        with torch.inference_mode():
+            out = pair.target.generate(x, **kw)
+        return out[0, len(ids):].tolist(), {}
+
+    return call
+
+
+def configure_assistant(draft, gamma: int) -> None:
+    gc = draft.generation_config
+    gc.num_assistant_tokens = gamma
+    gc.num_assistant_tokens_schedule = "constant"
+    gc.assistant_confidence_threshold = 0.0
+
+
+# ----------------------------------------------------------------------------------------------- timing
+def interleaved(pair, plist, fns: dict, repeats: int) -> dict:
+    """Run the methods in turn (A B C A B C ...) over prompts x repeats, after one untimed warm-up each;
+    totals per method name."""
+    tot = {name: {"tokens": 0, "seconds": 0.0, "outputs": [], "accepted": 0, "proposed": 0, "target_forwards": 0}
+           for name in fns}
+    for fn in fns.values():
+        fn(pair, plist[0], 12345)
+    for rep in range(repeats):
+        for i, ids in enumerate(plist):
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                toks, extra = fn(pair, ids, 1000 * rep + i)
+                tot[name]["seconds"] += time.perf_counter() - t0
+                tot[name]["tokens"] += len(toks)
+                tot[name]["outputs"].append(toks)
+                for k, v in extra.items():
+                    tot[name][k] += v
+    return tot
+
+
+def tps(side: dict) -> float:
+    return side["tokens"] / side["seconds"] if side["seconds"] else float("nan")
+
+
+def step_costs(pair, plist, gamma: int, W: int, reps: int = 12) -> dict:
+    """Seconds of: a target step, a target pass over gamma + 1 tokens, a draft step, a W-beam draft step
+    (medians over ``reps``), at the mean prompt length, through ``mtad.decoding.kv.Session``."""
+    from mtad.decoding.kv import Session, Stats
+
+    L = int(statistics.mean(len(p) for p in plist))
+    ids = (plist[0] * (L // len(plist[0]) + 1))[:L]
+
+    def timed(fn) -> float:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    with torch.inference_mode():
+        t = Session(pair.target, Stats(), "target")
+        t.forward(ids)
+        out = {"target_step": timed(lambda: t.forward([ids[-1]]))}
+        t.sync(ids + [0])
+
+        def verify():
+            t.forward([ids[-1]] * (gamma + 1), keep=gamma + 1)
+            t.sync(ids + [0])
+
+        out["target_verify"] = timed(verify)
+        if pair.draft is not None:
+            d = Session(pair.draft, Stats(), "draft")
+            d.forward(ids)
+            out["draft_step"] = timed(lambda: d.forward([ids[-1]]))
+            d.sync(ids + [0])
+            d.expand(W)
+            beams = torch.full((W,), ids[-1], dtype=torch.long)
+            out["draft_beam_step"] = timed(lambda: d.forward_beams(beams))
+    return out
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """E(alpha, gamma) = (1 - alpha^(gamma+1)) / (1 - alpha): tokens per iteration (Leviathan et al., eq. 1)."""
+    return gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def leviathan_bound(alpha: float, gamma: int, c: float, v: float) -> float:
+    """E(alpha, gamma) / (gamma c + v): the expected speed-up over autoregressive decoding."""
+    return expected_tokens(alpha, gamma) / (gamma * c + v)
+
+
+# ----------------------------------------------------------------------------------------------- main
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="smoke run on the tiny random pair")
+    p.add_argument("--prompts", type=int, default=None, help="GSM8K test prompts (default 4; quick 2)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default 64; quick 16")
+    p.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 2; quick 1)")
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--beam-width", type=int, default=4)
+    p.add_argument("--tau", type=float, default=0.5)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=10)
+    p.add_argument("--top-p", type=float, default=0.9)
+    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    p.add_argument("--out", default="results/bench.jsonl", help="JSONL file the rows are appended to")
+    a = p.parse_args(argv)
+    a.prompts = a.prompts or (2 if a.quick else 4)
+    a.max_new_tokens = a.max_new_tokens or (16 if a.quick else 64)
+    a.repeats = a.repeats or (1 if a.quick else 2)
+    return a
+
+
+def run(args) -> list[dict]:
+    from mtad.paths import REPO_ROOT
+    from mtad.results import environment_info, git_info
+
+    torch.set_num_threads(args.threads)
+    pair, message = load(args.quick)
+    if message:
+        print(f"bench_hf: {message}", file=sys.stderr)
+    plist = prompts(pair, args.prompts, args.quick)
+    sha, dirty = git_info(REPO_ROOT)
+    base = {"timestamp": datetime.now(UTC).isoformat(timespec="seconds"), "pair": pair.name,
+            "quick": args.quick, "n_prompts": len(plist), "repeats": args.repeats,
+            "max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "beam_width": args.beam_width,
+            "tau": args.tau, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+            "git_sha": sha, "git_dirty": dirty, **environment_info([pair.device])}
+    # Interleaved blocks; each ratio is taken inside one block (same time window, same prompts).
+    blocks = [({"greedy": ours("greedy", args), "hf_greedy": hf("greedy", args)}, [("greedy", "hf_greedy")])]
+    if pair.draft is not None:
+        blocks += [({"speculative": ours("speculative", args), "hf_assisted": hf("assisted", args)},
+                    [("speculative", "hf_assisted")]),
+                   ({"sampling": ours("sampling", args), "speculative": ours("speculative", args),
+                     "mtad": ours("mtad", args)},
+                    [("mtad", "speculative"), ("speculative", "sampling"), ("mtad", "sampling")])]
+    rows, last = [], {}
+    for fns, ratios in blocks:
+        last = interleaved(pair, plist, fns, args.repeats)
+        for a_name, b_name in ratios:
+            ta, tb = last[a_name], last[b_name]
+            row = {**base, "bench": "ratio", "a": a_name, "b": b_name, "a_tokens": ta["tokens"],
+                   "b_tokens": tb["tokens"], "a_seconds": ta["seconds"], "b_seconds": tb["seconds"],
+                   "a_tokens_per_s": tps(ta), "b_tokens_per_s": tps(tb), "ratio": tps(ta) / tps(tb)}
+            if a_name == "greedy":
+                row["same_tokens"] = sum(x == y for x, y in zip(ta["outputs"], tb["outputs"])) / len(ta["outputs"])
+            rows.append(row)
+    if pair.draft is not None:
+        rows += bounds(pair, plist, args, last, base)  # the sampling / speculative / mtad block
+    return rows
+
+
+def bounds(pair, plist, args, measured: dict, base: dict) -> list[dict]:
+    costs = step_costs(pair, plist, args.gamma, args.beam_width)
+    v = costs["target_verify"] / costs["target_step"]
+    out = []
+    for name, draft_key in (("speculative", "draft_step"), ("mtad", "draft_beam_step")):
+        m = measured[name]
+        alpha = m["accepted"] / m["proposed"] if m["proposed"] else float("nan")
+        c = costs[draft_key] / costs["target_step"]
+        speedup = tps(m) / tps(measured["sampling"])
+        bound = leviathan_bound(alpha, args.gamma, c, v) if not math.isnan(alpha) else float("nan")
+        out.append({**base, "bench": "bound", "decoder": name, "alpha": alpha, "c": c, "v": v,
+                    "block_efficiency": m["tokens"] / max(m["target_forwards"], 1),
+                    "expected_tokens_per_iteration": expected_tokens(alpha, args.gamma) if not math.isnan(alpha)
+                    else float("nan"),
+                    "bound": bound, "measured_speedup_vs_sampling": speedup, "fraction_of_bound": speedup / bound,
+                    "step_seconds": costs})
+    return out
+
+
+def report(rows: list[dict]) -> str:
+    lines = [f"{'A':<12} {'B':<12} {'A tok/s':>8} {'B tok/s':>8} {'A/B':>6}  note"]
+    for r in rows:
+        if r["bench"] == "ratio":
+            note = f"same greedy tokens: {r['same_tokens']:.0%}" if "same_tokens" in r else ""
+            lines.append(f"{r['a']:<12} {r['b']:<12} {r['a_tokens_per_s']:>8.2f} {r['b_tokens_per_s']:>8.2f} "
+                         f"{r['ratio']:>5.2f}×  {note}")
+    bound_rows = [r for r in rows if r["bench"] == "bound"]
+    if bound_rows:
+        lines += ["", "bound = E/(gamma c + v), E = (1 - alpha^(gamma+1))/(1 - alpha)  [Leviathan et al. 2023]",
+                  f"{'decoder':<12} {'alpha':>6} {'c':>6} {'v':>6} {'bound':>6} {'measured':>9} {'fraction':>9}"]
+        for r in bound_rows:
+            lines.append(f"{r['decoder']:<12} {r['alpha']:>6.3f} {r['c']:>6.3f} {r['v']:>6.2f} {r['bound']:>5.2f}× "
+                         f"{r['measured_speedup_vs_sampling']:>8.2f}× {r['fraction_of_bound']:>9.2f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.WARNING)
+    args = parse_args(argv)
+    rows = run(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "a") as f:
+        f.writelines(json.dumps(r, default=str) + "\n" for r in rows)
+    print(f"{rows[0]['pair']} on {rows[0]['device_name']}, {rows[0]['num_threads']} thread(s), "
+          f"{rows[0]['n_prompts']} GSM8K prompts x {rows[0]['repeats']} repeats, {rows[0]['max_new_tokens']} new tokens, "
+          f"gamma={rows[0]['gamma']}:")
+    print(report(rows))
+    print(f"rows appended to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The one probability filter (ALGORITHMS.md, Notation) against a plain-Python reference, plus the
+explicit-generator sampling helpers."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mtad.decoding.filter import draw, filter_probs, uniform
+
+torch.set_num_threads(1)
+
+
+def reference(logits: list[float], T: float, k: int, p: float) -> list[float]:
+    """Spec, literally: /T, keep the k largest (0 = all), then the smallest prefix of the sorted
+    distribution with mass >= p, renormalise. T = 0: one-hot argmax."""
+    V = len(logits)
+    if T == 0:
+        best = max(range(V), key=lambda i: logits[i])
+        return [float(i == best) for i in range(V)]
+    order = sorted(range(V), key=lambda i: -logits[i])[: k if 0 < k < V else V]
+    z = [math.exp(logits[i] / T) for i in order]
+    probs = [x / sum(z) for x in z]
+    kept, mass = [], 0.0
+    for i, q in zip(order, probs):
+        if mass >= p:
+            break
+        kept.append((i, q))
+        mass += q
+    total = sum(q for _, q in kept)
+    out = [0.0] * V
+    for i, q in kept:
+        out[i] = q / total
+    return out
+
+
+@pytest.mark.parametrize("T", [0.0, 0.5, 1.0, 2.0])
+@pytest.mark.parametrize("k", [0, 1, 3, 7, 50])
+@pytest.mark.parametrize("p", [0.3, 0.9, 1.0])
+def test_matches_reference(T, k, p):
+    g = torch.Generator().manual_seed(int(10 * T) + k)
+    logits = torch.randn(4, 7, 12, generator=g) * 2  # (B, T, V): any leading shape
+    out = filter_probs(logits, T, k, p)
+    assert out.shape == logits.shape and out.dtype == torch.float32
+    for row, ref in zip(out.view(-1, 12), logits.view(-1, 12)):
+        assert torch.allclose(row, torch.tensor(reference(ref.tolist(), T, k, p)), atol=1e-6)
+
+
+def test_hand_computed_nucleus():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    keep = lambda p: int((filter_probs(logits, 1.0, 0, p) > 0).sum())
+    assert [keep(0.5), keep(0.51), keep(0.75), keep(0.9), keep(1.0)] == [1, 2, 2, 3, 4]
+    assert torch.allclose(filter_probs(logits, 1.0, 0, 0.75), torch.tensor([0.625, 0.375, 0.0, 0.0]))
+    # top_k before top_p: with k=2 the kept mass is renormalised first (0.625, 0.375), so p=0.6 keeps 1
+    assert torch.allclose(filter_probs(logits, 1.0, 2, 0.6), torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    assert int((filter_probs(logits, 1.0, 0, 0.6) > 0).sum()) == 2  # negative control: order matters
+
+
+def test_top_k_keeps_exactly_k_on_ties():
+    out = filter_probs(torch.zeros(6), 1.0, 2, 1.0)
+    assert int((out > 0).sum()) == 2 and torch.allclose(out.sum(), torch.tensor(1.0))
+
+
+def test_temperature_zero_is_argmax_and_low_precision_inputs():
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 0.0]], dtype=torch.bfloat16)
+    assert torch.equal(filter_probs(logits, 0.0, 2, 0.5), torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
+    assert filter_probs(logits.half(), 1.0, 0, 1.0).dtype == torch.float32
+
+
+def test_draw_and_uniform_follow_the_generator():
+    probs = torch.tensor([[0.1, 0.0, 0.9], [0.5, 0.5, 0.0]])
+    a = draw(probs, torch.Generator().manual_seed(3), 50)
+    b = draw(probs, torch.Generator().manual_seed(3), 50)
+    assert a.shape == (2, 50) and torch.equal(a, b)
+    assert not (a[0] == 1).any() and not (a[1] == 2).any()  # zero-probability tokens never drawn
+    assert sorted(draw(torch.ones(5) / 5, torch.Generator().manual_seed(0), 5, replacement=False).tolist()) == \
+        [0, 1, 2, 3, 4]
+    u = uniform(1000, torch.Generator().manual_seed(1))
+    assert torch.equal(u, uniform(1000, torch.Generator().manual_seed(1)))
+    assert 0 <= float(u.min()) and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.05

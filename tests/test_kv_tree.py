@@ -1,0 +1,186 @@
+"""The KV-cache owner :class:`mtad.decoding.kv.Session` against cache-free forwards of the same text.
+
+Tolerance: every logit within 1e-4 (absolute) of the cache-free logits (float32 models; the observed
+difference is at most 4e-6). Negative controls: a leaky tree mask (siblings visible) and wrong position ids are
+caught by the same comparison.
+"""
+from __future__ import annotations
+
+import pytest
+import tinymodels as tm
+import torch
+
+from mtad.decoding import kv
+from mtad.decoding.kv import Session, Stats
+
+torch.set_num_threads(1)
+ATOL = 1e-4
+PREFIX = [3, 9, 14, 2, 27, 8]  # 4 tokens go in the linear cache, the last 2 travel as a pending chain
+CASES = [(a, i) for a in ("llama", "opt") for i in ("sdpa", "eager")]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{a}-{i}" for a, i in CASES])
+def model(request):
+    arch, attn = request.param
+    return tm.model(arch, 1, 32, hidden=16, attn=attn)
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and float((a - b).abs().max()) < ATOL
+
+
+def alone(m, ids: list[int]) -> torch.Tensor:
+    return tm.logits_alone(m, ids)[-1]  # (V,)
+
+
+class Tree:
+    """Nodes appended to a session: token, parent (cache index) and root-to-node token path."""
+
+    def __init__(self, session: Session, linear: list[int]):
+        self.s, self.paths = session, {}  # cache index -> tokens after the linear part
+        self.P = len(linear)
+
+    def add(self, tokens: list[int], parents: list[int]) -> dict[int, torch.Tensor]:
+        start = len(self.s)
+        for i, (t, par) in enumerate(zip(tokens, parents)):
+            self.paths[start + i] = (self.paths[par] if par >= self.P else []) + [t]
+        logits = self.s.forward_tree(tokens, parents)  # (S, V)
+        return {start + i: logits[i] for i in range(len(tokens))}
+
+
+def build_tree(m) -> tuple[Session, Tree, dict[int, torch.Tensor]]:
+    """Linear cache PREFIX[:4]; one tree call with the pending chain PREFIX[4:] and 2 levels below it;
+    a second call adding a third level under existing nodes (as beam steps do)."""
+    s = Session(m, Stats(), "target")
+    s.forward(PREFIX[:4])
+    tree = Tree(s, PREFIX[:4])
+    # cache indices: 4, 5 = pending chain; 6, 7, 8 children of 5; 9, 10 children of 6; 11 child of 8
+    out = tree.add(PREFIX[4:] + [1, 5, 1, 30, 7, 7], [3, 4, 5, 5, 5, 6, 6, 8])
+    out.update(tree.add([2, 2, 17], [9, 11, 11]))  # 12 under 9, 13 and 14 under 11
+    return s, tree, out
+
+
+@torch.no_grad()
+def test_tree_node_logits_equal_the_path_alone(model):
+    _, tree, out = build_tree(model)
+    assert len(out) == 11
+    for idx, logits in out.items():
+        assert close(logits, alone(model, PREFIX[:4] + tree.paths[idx])), idx
+
+
+@torch.no_grad()
+def test_leaky_mask_is_caught(model, monkeypatch):
+    """Negative control: if nodes also saw their siblings/cousins, the comparison above fails."""
+    orig = Session._extend_tree
+
+    def leaky(self, parents):
+        pos, anc = orig(self, parents)
+        return pos, torch.ones_like(anc)
+
+    monkeypatch.setattr(Session, "_extend_tree", leaky)
+    _, tree, out = build_tree(model)
+    assert sum(not close(logits, alone(model, PREFIX[:4] + tree.paths[i])) for i, logits in out.items()) >= 5
+
+
+@torch.no_grad()
+def test_wrong_positions_are_caught(model, monkeypatch):
+    """Negative control: position ids off by one (ignored by neither llama's rotary nor OPT's learned
+    positions) break the comparison."""
+    orig = Session._extend_tree
+
+    def shifted(self, parents):
+        pos, anc = orig(self, parents)
+        return [p + 1 for p in pos], anc
+
+    monkeypatch.setattr(Session, "_extend_tree", shifted)
+    _, tree, out = build_tree(model)
+    assert not all(close(logits, alone(model, PREFIX[:4] + tree.paths[i])) for i, logits in out.items())
+
+
+@torch.no_grad()
+def test_keep_path_then_linear_forward(model):
+    """Compaction to the path 4 -> 5 -> 8 -> 11 -> 14 (tokens 27 8 | 1 7 17), then a linear forward."""
+    s, tree, _ = build_tree(model)
+    path = [4, 5, 8, 11, 14]
+    s.commit_path(path, tree.paths[14])
+    text = PREFIX[:4] + tree.paths[14]
+    assert s.ids == text and len(s) == len(text) and s.cache.get_seq_length() == len(text)
+    assert close(s.forward([11], keep=1)[-1], alone(model, text + [11]))
+    # and a second tree round on the compacted cache
+    s2 = Tree(s, s.ids)
+    out = s2.add([4, 6, 6], [len(text), len(text), len(text) + 1])
+    for idx, logits in out.items():
+        assert close(logits, alone(model, text + [11] + s2.paths[idx]))
+
+
+@torch.no_grad()
+def test_keep_path_without_pending_chain(model):
+    """A tree hanging directly off the linear cache, compacted to a depth-1 node."""
+    s = Session(model, Stats(), "target")
+    s.forward(PREFIX)
+    s.forward_tree([5, 6, 7], [5, 5, 7])
+    s.commit_path([7], [6])
+    assert close(s.forward([9])[-1], alone(model, PREFIX + [6, 9]))
+
+
+@torch.no_grad()
+def test_sync_crops_to_the_committed_text(model):
+    s = Session(model, Stats(), "target")
+    s.forward(PREFIX + [1, 2, 3, 4])
+    committed = PREFIX + [1, 20]  # diverges after PREFIX + [1]
+    s.sync(committed)
+    assert s.ids == PREFIX + [1] and s.cache.get_seq_length() == len(PREFIX) + 1
+    pending = committed[len(s.ids):]
+    assert close(s.forward(pending)[-1], alone(model, committed))
+    # syncing to the same text leaves the last token pending (a next forward always has input)
+    s.sync(committed)
+    assert committed[len(s.ids):] == [20]
+    assert close(s.forward([20])[-1], alone(model, committed))
+    # growing text: nothing is cropped
+    s.sync(committed + [5, 6])
+    assert s.ids == committed
+    assert close(s.forward([5, 6], keep=2)[0], alone(model, committed + [5]))
+
+
+@torch.no_grad()
+def test_beams_expand_select_collapse(model):
+    """Beams in the batch dimension: every row's logits equal its own text alone, through a reorder."""
+    s = Session(model, Stats(), "draft")
+    s.forward(PREFIX)
+    s.expand(3)
+    t1 = torch.tensor([4, 12, 19])
+    out = s.forward_beams(t1)  # (W, V)
+    for b in range(3):
+        assert close(out[b], alone(model, PREFIX + [int(t1[b])]))
+    parent, t2 = torch.tensor([2, 0, 2]), torch.tensor([1, 1, 30])
+    s.select(parent)
+    out = s.forward_beams(t2)
+    beams = [PREFIX + [int(t1[parent[b]]), int(t2[b])] for b in range(3)]
+    for b in range(3):
+        assert close(out[b], alone(model, beams[b]))
+    s.collapse(2, beams[2][len(PREFIX):])
+    assert s.batch == 1 and s.ids == beams[2]
+    s.sync(beams[2] + [9])
+    assert close(s.forward([9])[-1], alone(model, beams[2] + [9]))
+    # negative control: a wrong reorder is caught
+    s2 = Session(model, Stats(), "draft")
+    s2.forward(PREFIX)
+    s2.expand(3)
+    s2.forward_beams(t1)
+    s2.select(torch.tensor([0, 0, 0]))
+    assert not close(s2.forward_beams(t2)[2], alone(model, beams[2]))
+
+
+@torch.no_grad()
+def test_forward_counts_and_time():
+    m = tm.model("llama", 1, 32, hidden=16)
+    st = Stats()
+    t, d = Session(m, st, "target"), Session(m, st, "draft")
+    t.forward(PREFIX)
+    d.forward(PREFIX)
+    d.forward_tree([1, 2], [5, 5])
+    assert (st.target_forwards, st.draft_forwards) == (1, 2) and st.forward_time_s > 0
+
+
+def test_tree_architectures_listed():
+    assert {"llama", "opt"} <= kv.TREE_ARCHITECTURES

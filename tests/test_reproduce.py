@@ -1,0 +1,259 @@
+"""``make reproduce-table``: presets, grid expansion, table rendering, resume, and the submitit launcher.
+
+The fixture ``tests/fixtures/results_small.jsonl`` is real output of the tiny pair (33 runs), made from the
+repository root with::
+
+    python -m mtad.reproduce --profile quick results_dir=results/fixture_gen name=fixture
+    T="model=tiny task=gsm8k task.n_prompts=2 task.few_shot=0 task.max_prompt_tokens=384 \\
+       task.on_long_prompt=truncate decoder.max_new_tokens=16 num_threads=1 results_dir=results/fixture_gen name=fixture"
+    python -m mtad.reproduce --experiment tau $T 'decoder.tau=0.2,0.8'
+    python -m mtad.reproduce --experiment gamma $T 'decoder.gamma=2,6'
+    python -m mtad.reproduce --experiment beam_width $T 'decoder.beam_width=1,2'
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mtad import reproduce, table
+from mtad.paths import REPO_ROOT
+from mtad.results import load_frame, load_results
+
+FIXTURE = Path(__file__).parent / "fixtures" / "results_small.jsonl"
+PRESETS = sorted(p.stem for p in (REPO_ROOT / "conf" / "experiment").glob("*.yaml"))
+SMALL = ["task.n_prompts=1", "decoder.max_new_tokens=6", "warmup=0"]
+
+
+def _rows() -> list[dict]:
+    return load_results(FIXTURE)
+
+
+def _frame(rows: list[dict]):
+    import pandas as pd
+
+    from mtad.results import flatten_dict
+
+    return pd.DataFrame([flatten_dict(r) for r in rows])
+
+
+def _quick_rows(rows: list[dict]) -> list[dict]:
+    """The fixture's rows at the paper's default settings (the quick grid), one per (decoder, task)."""
+    out = {}
+    for r in rows:
+        d = r["decoder"]
+        if (d["gamma"], d["beam_width"], d["tau"]) == (4, 4, 0.5):
+            out[(d["name"], r["task"]["name"])] = r
+    return list(out.values())
+
+
+# ------------------------------------------------------------------------------------------- presets
+def test_every_preset_composes_sets_its_name_and_documents_its_command():
+    from hydra import compose, initialize_config_dir
+
+    from mtad.config import register_configs
+
+    register_configs()
+    assert {"paper_table", "cpu_table", "quick", "tau", "gamma", "beam_width"} <= set(PRESETS)
+    for name in PRESETS:
+        lines = (REPO_ROOT / "conf" / "experiment" / f"{name}.yaml").read_text().splitlines()
+        assert lines[0] == "# @package _global_", name
+        assert lines[1].startswith("# ") and ("python -m mtad" in lines[1] or "make reproduce-table" in lines[1]), name
+        with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+            cfg = compose("config", overrides=[f"experiment={name}"], return_hydra_config=True)
+        assert cfg.experiment == name
+        assert cfg.hydra.sweeper.params, f"{name} has no hydra.sweeper.params grid"
+
+
+def test_grids_expand_like_hydra_with_baselines_and_overrides():
+    tau = reproduce.grid("tau")
+    assert len(tau) == 10 and tau[0][0] == "experiment=tau"
+    assert sum("decoder=mtad" in j for j in tau) == 9 and ["experiment=tau", "decoder=speculative"] in tau
+    assert len(reproduce.grid("quick")) == 21 and len(reproduce.grid("gamma")) == 16
+    paper = reproduce.grid("paper_table")
+    assert len(paper) == 6 * 7 * 4
+    # an override replaces the preset's sweep of the same key; the baseline keeps non-decoder overrides
+    jobs = reproduce.grid("tau", ["decoder.tau=0.3,0.6", "task.n_prompts=3"])
+    assert len(jobs) == 3 and all("task.n_prompts=3" in j for j in jobs)
+    assert not any("decoder.tau=0.3" in j for j in jobs if "decoder=speculative" in j)
+    with pytest.raises(ValueError, match="no experiment preset 'nope'"):
+        reproduce.grid("nope")
+
+
+# ------------------------------------------------------------------------------------------- table
+def test_tables_written_from_fixture_and_speedup_joins_rows_on_fields(tmp_path):
+    md, tex = table.write_tables(load_frame(FIXTURE), tmp_path, "fx")
+    text, latex = md.read_text(), tex.read_text()
+    assert md.name == "fx.md" and tex.name == "fx.tex"
+    for task in ("gsm8k", "humaneval", "mt_bench"):
+        assert f"{task} PPL" in text and f"Speed and energy — {task}" in text
+    assert "gsm8k accuracy" in text and "humaneval pass@1" in text
+    assert r"\begin{tabular}" in latex and r"\toprule" in latex and "mt\\_bench" in latex
+    # independent join: mtad vs the lossless speculative run with the same pair/task/prompts/budget/hardware
+    rows = _quick_rows(_rows())
+    for task in ("gsm8k", "humaneval", "mt_bench"):
+        m = next(r for r in rows if r["decoder"]["name"] == "mtad" and r["task"]["name"] == task)
+        s = next(r for r in rows if r["decoder"]["name"] == "speculative" and r["task"]["name"] == task)
+        expected = s["metrics"]["ms_per_token"] / m["metrics"]["ms_per_token"]
+        df = table.prepare(load_frame(FIXTURE))
+        got = df[(df.variant.str.startswith("mtad (gamma=4, beam_width=4, tau=0.5)")) & (df.task == task)]
+        assert got.speedup.iloc[0] == pytest.approx(expected)
+    # the joined figure is what the markdown shows for that row
+    df = table.prepare(load_frame(FIXTURE))
+    row = df[(df.variant == "mtad (gamma=4, beam_width=4, tau=0.5)") & (df.task == "gsm8k")].iloc[0]
+    assert f"| {row.ms_per_token:.1f} | {row.speedup:.2f}× |" in text
+
+
+def test_baseline_join_needs_equal_fields_and_ignores_row_order():
+    rows = _quick_rows(_rows())
+    df = table.prepare(_frame(rows))
+    before = dict(zip(zip(df.variant, df.task), df.speedup))
+    shuffled = table.prepare(_frame(list(reversed(rows))))
+    assert dict(zip(zip(shuffled.variant, shuffled.task), shuffled.speedup)) == pytest.approx(before)
+    # negative control: the speculative row measured on other hardware is no baseline
+    moved = [dict(r, device_name="another machine") if r["decoder"]["name"] == "speculative" else r for r in rows]
+    df = table.prepare(_frame(moved))
+    assert df[df.decoder == "mtad"].speedup.isna().all()
+    assert "—" in table.render_markdown(_frame(moved))
+
+
+def _synthetic(rows: list[dict]) -> list[dict]:
+    """Fixture rows with known figures: mtad perplexity 0.8x sampling's, energies 2 J (speculative), 1 J (mtad)."""
+    out = []
+    sampling_ppl = {r["task"]["name"]: r["metrics"]["ppl_mean_logprob"] for r in rows
+                    if r["decoder"]["name"] == "sampling"}
+    for r in rows:
+        r = json.loads(json.dumps(r))
+        name, m = r["decoder"]["name"], r["metrics"]
+        if name == "mtad":
+            m["ppl_mean_logprob"] = 0.8 * sampling_ppl[r["task"]["name"]]
+            m["energy_j_per_token"] = 1.0
+        if name == "speculative":
+            m["energy_j_per_token"] = 2.0
+        out.append(r)
+    return out
+
+
+def test_claims_table_measures_the_paper_comparisons_and_dashes_the_rest():
+    rows = _synthetic(_quick_rows(_rows()))
+    df = table.prepare(_frame(rows))
+    by_claim = {c["claim"]: c for c in table.claims(df)}
+    ppl = by_claim["output perplexity −21.2 % vs single-token sampling"]
+    assert ppl["paper"] == -21.2 and ppl["ours"] == pytest.approx(-20.0) and ppl["n_cells"] == 3
+    assert by_claim["1.54× less energy vs speculative decoding"]["ours"] == pytest.approx(2.0)
+    assert by_claim["23.6 % less energy vs vanilla speculative decoding"]["ours"] == pytest.approx(50.0)
+    # no sampling energy was measured: the v1 energy claim has no figure of ours
+    assert by_claim["2.84× less energy vs autoregressive decoding"]["ours"] is None
+    # task scores are 0 for both: a relative change is undefined, so no figure
+    assert by_claim["downstream score +43 % vs single-token sampling"]["ours"] is None
+    text = table.render_markdown(_frame(rows))
+    claims = text[text.index("headline claims"):]
+    for published in ("−21.2 %", "1.42×", "1.54×", "+43.0 %", "1.26×", "+23.6 %", "2.21×", "2.84×", "1.49×", "1.62×"):
+        assert published in claims
+    assert "−20.0 %" in claims and "2.00×" in claims and "+50.0 %" in claims
+    assert "ICLR 2025 camera-ready" in claims and "arXiv 2407.09722 v2–v4" in claims
+    line = next(x for x in claims.splitlines() if "2.84×" in x)
+    assert line.count("—") >= 3  # ours, measured on, hardware
+    assert rows[0]["device_name"] in claims  # the hardware is named
+
+
+def test_empty_results_are_a_clear_error():
+    import pandas as pd
+
+    with pytest.raises(ValueError, match="no result rows"):
+        table.render_markdown(pd.DataFrame())
+
+
+# ------------------------------------------------------------------------------------------- end to end
+def test_quick_profile_runs_renders_and_resumes(tmp_path, capsys):
+    """A 3x2 cut of the quick grid (overrides replace the preset's sweep), then a second invocation that
+    runs nothing new."""
+    args = [f"results_dir={tmp_path / 'res'}", "decoder=greedy,speculative,mtad", "task=gsm8k,mt_bench", *SMALL]
+    s = reproduce.reproduce("quick", args, progress=False)
+    assert (s.ran, s.skipped, s.failed) == (6, 0, [])
+    rows = load_results(tmp_path / "res" / "quick.jsonl")
+    assert len(rows) == 6 and {r["experiment"] for r in rows} == {"quick"}
+    md = (tmp_path / "res" / "tables" / "quick.md").read_text()
+    assert (tmp_path / "res" / "tables" / "quick.tex").is_file()
+    assert "| tiny | speculative | " in md and "1.00×" in md
+    t0 = time.perf_counter()
+    assert reproduce.main(["--profile", "quick", "--no-progress", *args]) == 0
+    assert "0 runs done, 6 already had a row, 0 failed" in capsys.readouterr().out
+    assert len(load_results(tmp_path / "res" / "quick.jsonl")) == 6
+    assert time.perf_counter() - t0 < 60
+
+
+@pytest.mark.slow
+def test_full_quick_profile(tmp_path):
+    s = reproduce.reproduce("quick", [f"results_dir={tmp_path}"], progress=False)
+    assert (s.ran, s.failed) == (21, [])
+    assert (tmp_path / "tables" / "quick.md").is_file()
+
+
+def test_submitit_local_launcher_and_in_process_route_share_config_hashes(tmp_path):
+    """A 1x2 grid through ``hydra/launcher=local`` (submitit subprocesses); the in-process reproduce route
+    then recognises both rows (same config hashes) and runs nothing."""
+    grid = ["experiment=quick", "decoder=greedy,mtad", "task=mt_bench", "task.n_prompts=1",
+            "decoder.max_new_tokens=4", "warmup=0", f"results_dir={tmp_path / 'res'}"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    done = subprocess.run([sys.executable, "-m", "mtad", "-m", "hydra/launcher=local", *grid,
+                           f"hydra.sweep.dir={tmp_path / 'multirun'}"], check=False, cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Submitit 'local' sweep" in done.stdout + done.stderr
+    rows = load_results(tmp_path / "res" / "quick.jsonl")
+    assert sorted(r["decoder"]["name"] for r in rows) == ["greedy", "mtad"]
+    s = reproduce.reproduce("quick", grid[1:], progress=False)
+    assert (s.ran, s.skipped) == (0, 2)
+
+
+# ------------------------------------------------------------------------------------------- speed benchmark
+def _bench_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_hf", REPO_ROOT / "experiments" / "bench_hf.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_leviathan_bound_formula():
+    bench = _bench_module()
+    assert bench.expected_tokens(0.5, 4) == pytest.approx((1 - 0.5 ** 5) / 0.5)
+    assert bench.expected_tokens(1.0, 4) == 5 and bench.expected_tokens(0.0, 4) == 1
+    assert bench.leviathan_bound(0.8, 4, c=0.05, v=1.0) == pytest.approx((1 - 0.8 ** 5) / 0.2 / 1.2)
+    assert bench.leviathan_bound(0.0, 4, c=0.05, v=1.0) < 1  # a useless draft only costs
+
+
+def test_bench_quick_smoke_run_writes_rows(tmp_path, capsys):
+    bench = _bench_module()
+    out = tmp_path / "bench.jsonl"
+    assert bench.main(["--quick", "--max-new-tokens", "8", "--out", str(out)]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    ratios = {(r["a"], r["b"]): r for r in rows if r["bench"] == "ratio"}
+    assert set(ratios) == {("greedy", "hf_greedy"), ("speculative", "hf_assisted"), ("mtad", "speculative"),
+                           ("speculative", "sampling"), ("mtad", "sampling")}
+    assert ratios[("greedy", "hf_greedy")]["same_tokens"] == 1.0  # our greedy == HF greedy, token for token
+    assert all(r["ratio"] > 0 and r["a_tokens"] > 0 for r in ratios.values())
+    bounds = {r["decoder"]: r for r in rows if r["bench"] == "bound"}
+    assert set(bounds) == {"speculative", "mtad"}
+    assert all(0 <= b["alpha"] <= 1 and b["c"] > 0 and b["v"] > 0 for b in bounds.values())
+    assert "hf_assisted" in capsys.readouterr().out
+
+
+def test_rows_measured_under_other_settings_are_separate_table_rows():
+    rows = _quick_rows(_rows())
+    other = [dict(json.loads(json.dumps(r)), device_name="GPU X") for r in rows]
+    for r in other:
+        r["metrics"]["ms_per_token"] /= 10
+    df = table.prepare(_frame(rows + other))
+    assert {"greedy [on=GPU X]", f"greedy [on={rows[0]['device_name']}]"} <= set(df.variant)
+    # each hardware's rows join with their own speculative baseline
+    a = df[(df.variant == "mtad [on=GPU X]") & (df.task == "gsm8k")].speedup.iloc[0]
+    b = df[(df.variant == f"mtad [on={rows[0]['device_name']}]") & (df.task == "gsm8k")].speedup.iloc[0]
+    assert a == pytest.approx(b)
