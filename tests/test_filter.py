@@ -79,3 +79,18 @@ def test_draw_and_uniform_follow_the_generator():
     u = uniform(1000, torch.Generator().manual_seed(1))
     assert torch.equal(u, uniform(1000, torch.Generator().manual_seed(1)))
     assert 0 <= float(u.min()) and float(u.max()) < 1 and abs(float(u.mean()) - 0.5) < 0.05
+
+
+def test_draw_matches_the_distribution():
+    """20,000 draws (one call, and one row of a batch) against p: chi-square < chi2.ppf(0.999, dof);
+    negative control: the same counts against a different distribution fail."""
+    import tinymodels as tm
+
+    p = torch.tensor([0.0, 0.05, 0.3, 0.0, 0.15, 0.5, 0.0]) * 3  # unnormalised, zeros at both ends
+    g = torch.Generator().manual_seed(0)
+    for x in (draw(p, g, 20_000), draw(torch.stack([p.flip(0), p]), g, 20_000)[1]):
+        counts = torch.bincount(x, minlength=7).float()
+        ok, bound = tm.chi_square(counts, p / p.sum())
+        assert ok < bound, (ok, bound)
+        wrong = torch.tensor([0.0, 0.06, 0.29, 0.0, 0.15, 0.5, 0.0])
+        assert tm.chi_square(counts, wrong)[0] > bound
