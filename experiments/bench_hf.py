@@ -45,15 +45,15 @@ log = logging.getLogger("bench_hf")
 
 
 # ----------------------------------------------------------------------------------------------- setup
-def load(quick: bool):
+def load(quick: bool, draft: str):
     """(pair, message): the tiny pair, or the embedded SmolLM2 pair (target only, with a message, when the
     draft has not been trained yet)."""
-    from mtad.loading import DEFAULT_SMOLLM2_DRAFT, ModelConfig, load_pair
+    from mtad.loading import ModelConfig, load_pair
 
     if quick:
         return load_pair(ModelConfig(name="tiny", kind="tiny", device="cpu")), None
     try:
-        return load_pair(ModelConfig(name="smollm2", kind="smollm2", draft=DEFAULT_SMOLLM2_DRAFT, device="cpu",
+        return load_pair(ModelConfig(name="smollm2", kind="smollm2", draft=draft, device="cpu",
                                      chat_template=True)), None
     except FileNotFoundError as err:
         msg = (f"the SmolLM2 draft is not there yet ({err}). Train it with `make train-draft`; "
@@ -204,6 +204,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, default=10)
     p.add_argument("--top-p", type=float, default=0.9)
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    p.add_argument("--draft", default="models/smollm2-draft", help="the SmolLM2 draft directory")
     p.add_argument("--out", default="results/bench.jsonl", help="JSONL file the rows are appended to")
     a = p.parse_args(argv)
     a.prompts = a.prompts or (2 if a.quick else 4)
@@ -217,12 +218,13 @@ def run(args) -> list[dict]:
     from mtad.results import environment_info, git_info
 
     torch.set_num_threads(args.threads)
-    pair, message = load(args.quick)
+    pair, message = load(args.quick, args.draft)
     if message:
         print(f"bench_hf: {message}", file=sys.stderr)
     plist = prompts(pair, args.prompts, args.quick)
     sha, dirty = git_info(REPO_ROOT)
     base = {"timestamp": datetime.now(UTC).isoformat(timespec="seconds"), "pair": pair.name,
+            "draft": None if args.quick else (args.draft if pair.draft is not None else None),
             "quick": args.quick, "n_prompts": len(plist), "repeats": args.repeats,
             "max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "beam_width": args.beam_width,
             "tau": args.tau, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,

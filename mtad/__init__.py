@@ -5,7 +5,7 @@ Python API without Hydra::
     import torch, mtad
     result = mtad.generate(pair, prompt_ids, {"name": "mtad", "gamma": 4, "tau": 0.5}, torch.Generator().manual_seed(0))
 """
-from mtad.decoding import DECODERS, DecodeResult, DecoderConfig, PromptTooLong, generate
+from mtad.decoding import DECODERS, DecoderConfig, DecodeResult, PromptTooLong, generate
 from mtad.pair import ModelPair
 
 __version__ = "0.1.0"

@@ -10,11 +10,9 @@ are skipped with the reason recorded (``task.on_long_prompt=error`` makes them f
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf

@@ -11,8 +11,17 @@ from pathlib import Path
 import pytest
 
 from mtad import results
-from mtad.results import (SCHEMA_VERSION, ResultRow, append_row, config_hash, existing_hashes, git_info,
-                          load_frame, load_results, write_jsonl_atomic)
+from mtad.results import (
+    SCHEMA_VERSION,
+    ResultRow,
+    append_row,
+    config_hash,
+    existing_hashes,
+    git_info,
+    load_frame,
+    load_results,
+    write_jsonl_atomic,
+)
 
 CFG = {
     "experiment": "table1",

@@ -61,9 +61,18 @@ class Run:
     def done(self) -> bool:
         return self.stop_reason is not None
 
-    def block(self) -> int:
-        """Draft length this iteration: gamma, shortened so the block and its bonus token fit."""
-        return min(self.cfg.gamma, self.remaining - 1)
+    def blocks(self, models, rng: torch.Generator, depth: int | None = None):
+        """The speculative-family loop: creates the target and draft sessions of this call, then yields
+        ``(target, draft, K)`` once per iteration, where K is the draft depth (``depth`` or gamma) shortened
+        so the block and its bonus token fit. When no block fits, the tail is plain target steps."""
+        target = Session(models.target, self.stats, "target")
+        draft = Session(models.draft, self.stats, "draft")
+        while not self.done:
+            K = min(depth or self.cfg.gamma, self.remaining - 1)
+            if K < 1:
+                self.sample_step(target, rng)
+                continue
+            yield target, draft, K
 
     def filt(self, logits: torch.Tensor) -> torch.Tensor:
         c = self.cfg

@@ -41,13 +41,7 @@ def verify_tree(target: Session, run, tree: BeamTree):
 def mmtad(models, run, cfg, rng) -> None:
     """draft (beam tree, one draft cache) -> score (one target pass over all W·K nodes) ->
     accept (deepest depth with a node passing log p̃(path) - R_d > log tau) -> commit its path + bonus."""
-    target = Session(models.target, run.stats, "target")
-    draft = Session(models.draft, run.stats, "draft")
-    while not run.done:
-        K = run.block()
-        if K < 1:
-            run.sample_step(target, rng)
-            continue
+    for target, draft, K in run.blocks(models, rng):
         q1 = run.filt(draft.forward(run.pending(draft))[-1])  # (V,)
         step, draft_idx = tree_step(draft, run.filt, root=len(draft.ids) - 1)
         tree = beam_sample(q1, step, K, cfg.beam_width, cfg.replacement, rng)

@@ -26,13 +26,7 @@ def beam_block(proposer: Session, run, K: int, rng) -> tuple[list[int], torch.Te
 def mtad(models, run, cfg, rng) -> None:
     """draft (beam sampling on q) -> score (one target pass) -> accept (longest L_d > log tau) ->
     commit x̂_1..a + a bonus token from p̃ at position a+1 (no residual). Lossy by design."""
-    target = Session(models.target, run.stats, "target")
-    draft = Session(models.draft, run.stats, "draft")
-    while not run.done:
-        K = run.block()
-        if K < 1:
-            run.sample_step(target, rng)
-            continue
+    for target, draft, K in run.blocks(models, rng):
         x, q_x = beam_block(draft, run, K, rng)  # K ids, (K,)
         p = run.filt(target.forward(run.pending(target) + x, keep=K + 1))  # (K+1, V)
         p_x = p[torch.arange(K), torch.tensor(x)]  # (K,)

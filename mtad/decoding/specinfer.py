@@ -41,13 +41,7 @@ def specinfer(models, run, cfg, rng) -> None:
     down the tree) -> commit the accepted path + one token from p̃ (residual or bonus)."""
     from mtad.decoding.mmtad import verify_tree
 
-    target = Session(models.target, run.stats, "target")
-    draft = Session(models.draft, run.stats, "draft")
-    while not run.done:
-        D = min(len(cfg.k_config), run.remaining - 1)
-        if D < 1:
-            run.sample_step(target, rng)
-            continue
+    for target, draft, D in run.blocks(models, rng, depth=len(cfg.k_config)):
         ks = list(cfg.k_config[:D])
         tokens, parents, qs, draft_idx = draft_tree(draft, run, ks, rng)
         tree = _Tree(tokens, parents)

@@ -22,13 +22,7 @@ def draft_chain(draft: Session, run, K: int, rng: torch.Generator) -> tuple[list
 @register("speculative", draft=True)
 def speculative(models, run, cfg, rng) -> None:
     """draft -> score -> accept -> commit; lossless (Leviathan/Chen) or ``accept: threshold`` (tau)."""
-    target = Session(models.target, run.stats, "target")
-    draft = Session(models.draft, run.stats, "draft")
-    while not run.done:
-        K = run.block()
-        if K < 1:
-            run.sample_step(target, rng)
-            continue
+    for target, draft, K in run.blocks(models, rng):
         x, q = draft_chain(draft, run, K, rng)  # K ids, (K, V)
         p = run.filt(target.forward(run.pending(target) + x, keep=K + 1))  # (K+1, V)
         xt = torch.tensor(x, device=p.device)
