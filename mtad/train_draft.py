@@ -718,8 +718,8 @@ class Trainer:
 
     # -- the run
     def run(self) -> dict:
+        self.maybe_resume()  # replaces self.state: bind `s` only afterwards
         cfg, s = self.cfg, self.state
-        self.maybe_resume()
         if not s["evals"]:
             self.evaluate()
         start, last_ckpt, last_eval = time.monotonic(), time.monotonic(), time.monotonic()

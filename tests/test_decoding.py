@@ -46,7 +46,8 @@ DECODERS = [
     ("specinfer", {}),
 ]
 DRAFTED = [d for d in DECODERS if d[0] in NEEDS_DRAFT]
-STOCHASTIC = [d for d in DECODERS if d[0] != "greedy" and d[1] != {"mode": "exhaustive"}] + [("mtjd", {"mode": "exhaustive", "select": "nucleus"})]
+STOCHASTIC = [d for d in DECODERS if d[0] != "greedy" and d[1] != {"mode": "exhaustive"}]
+STOCHASTIC += [("mtjd", {"mode": "exhaustive", "select": "nucleus"})]
 
 
 def ids(d):

@@ -77,7 +77,8 @@ class TaskConfig:
         if OmegaConf.is_config(cfg):
             cfg = OmegaConf.to_container(cfg, resolve=True)
         if not isinstance(cfg, Mapping):
-            raise TypeError(f"task config must be a TaskConfig, an OmegaConf node or a mapping, got {type(cfg).__name__}")
+            raise TypeError("task config must be a TaskConfig, an OmegaConf node or a mapping, "
+                            f"got {type(cfg).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(cfg) - known)
         if unknown:

@@ -102,7 +102,8 @@ def _supervise(job: dict, guard_s: float) -> RunResult:
         if proc.returncode is not None and proc.returncode < 0:  # killed by a signal: the program's doing
             log.warning("sandbox supervisor was killed by signal %d; counted as a failure", -proc.returncode)
             return RunResult("failed", None, "supervisor killed", 0.0)
-        raise RuntimeError(f"the HumanEval sandbox supervisor failed (exit {proc.returncode}): {err[-2000:]}")
+        raise RuntimeError(f"the HumanEval sandbox supervisor failed (exit {proc.returncode}): "
+                           f"{err[-2000:]}") from None
     if not row["reaped"]:
         log.warning("sandbox: some processes of the program could not be reaped within 5 s")
     return RunResult(row["status"], row["returncode"], row["output"], row["wall_s"])

@@ -54,7 +54,9 @@ class CNNDailyMail(Task):
         limit = self.cfg.max_prompt_tokens
         if self.cfg.on_long_prompt != "truncate" or not limit or tokenizer is None:
             return text
-        count = lambda s: len(tokenizer(s, add_special_tokens=not chat)["input_ids"])
+        def count(s: str) -> int:
+            return len(tokenizer(s, add_special_tokens=not chat)["input_ids"])
+
         article = tokenizer(sample.turns[0], add_special_tokens=False)["input_ids"]
         keep = len(article) - (count(text) - limit)
         while count(text) > limit and keep > 0:  # re-tokenising at the cut may shift a token or two
