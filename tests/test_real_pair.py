@@ -44,12 +44,34 @@ def test_every_decoder_equals_greedy_at_t0_on_the_real_pair(pair):
         assert out.tokens == ref, name
 
 
-def test_draft_is_better_than_chance(pair):
-    """The distilled draft must actually predict the target: at T=1 with the paper's filter, MTAD accepts
-    a clearly positive share of draft tokens (a random draft accepts ~0)."""
+def _alpha(target, draft, ids: list[int], n_prompt: int) -> float:
+    """Teacher-forced α = mean Σ_v min(p̃, q̃) over the continuation, under the paper's filter."""
+    from mtad.decoding.filter import filter_probs
+
+    with torch.no_grad():
+        x = torch.tensor([ids])
+        p = filter_probs(target(x).logits[0, n_prompt - 1:-1], 1.0, 10, 0.9)  # (T, V)
+        q = filter_probs(draft(x).logits[0, n_prompt - 1:-1], 1.0, 10, 0.9)  # (T, V)
+    return float(torch.minimum(p, q).sum(-1).mean())
+
+
+def test_draft_predicts_the_target_and_a_scrambled_draft_does_not(pair):
+    """The distilled draft must actually approximate the target (the model card reports α ≈ 0.33 on
+    held-out prompts); negative control: the same draft with its layer weights permuted scores near 0."""
+    import copy
+
     ids = _prompt(pair, "Natalia sold clips to 48 of her friends in April. How many clips did she sell?")
-    res = mtad.generate(pair, ids, {"name": "speculative", "max_new_tokens": 24}, torch.Generator().manual_seed(0))
-    assert res.acceptance_rate is not None and res.acceptance_rate > 0.05, res.acceptance_rate
+    out = mtad.generate(pair, ids, {"name": "sampling", "max_new_tokens": 40}, torch.Generator().manual_seed(0))
+    seq = ids + out.tokens
+    trained = _alpha(pair.target, pair.draft, seq, len(ids))
+    scrambled = copy.deepcopy(pair.draft)
+    with torch.no_grad():
+        for name, w in scrambled.model.layers.named_parameters():
+            if w.dim() == 2:
+                w.copy_(w.flatten()[torch.randperm(w.numel(), generator=torch.Generator().manual_seed(0))].view_as(w))
+    control = _alpha(pair.target, scrambled, seq, len(ids))
+    assert trained > 0.2, trained
+    assert control < trained / 2, (control, trained)
 
 
 def test_cli_runs_mtad_on_the_real_pair(tmp_path):
