@@ -5,12 +5,16 @@ The grid is the preset's ``hydra.sweeper.params`` (the same grid ``python -m mta
 runs), expanded the way Hydra's basic sweeper does it (overrides given here replace a swept key), and run
 in this process through Hydra's compose API and :func:`mtad.runner.run`, with a progress bar over the runs.
 An interrupted sweep resumes: the runner skips every configuration whose hash already has a row, so a second
-invocation only renders the tables. A run that fails is reported and the sweep goes on; the exit status is
-1 when any run failed.
+invocation only renders the tables. A run that fails is reported and the sweep goes on (the exit status is
+1 when any run failed), unless the first three runs fail with one message (a missing draft or data set):
+then every run would, and the sweep stops with that message (exit status 2).
 
 Profiles: ``quick`` (tiny random pair, minutes; tests and CI), ``cpu`` (the embedded SmolLM2 pair, about an
 hour on 2 cores), ``paper`` (the paper's pairs; GPUs). ``--experiment tau|gamma|beam_width`` runs an
-ablation preset instead, with the ``speculative`` baseline run its speed-up column needs.
+ablation preset instead, with the ``speculative`` baseline run its speed-up column needs. Runs launched
+elsewhere (``python -m mtad -m experiment=<name> hydra/launcher=slurm``) have the same config hashes, so
+``--render-only`` tabulates them and a later invocation here only fills the gaps. Trailing ``key=value``
+arguments are Hydra overrides for every run (``results_dir=...``, ``task.n_prompts=4``, ``name=...``).
 """
 from __future__ import annotations
 
@@ -135,6 +139,7 @@ def reproduce(experiment: str, overrides: Sequence[str] = (), tables_dir: str | 
             bar.set_postfix_str(_label(job, overrides), refresh=True)
             _run_one(run, job, summary)
             bar.update(1)
+            _stop_if_hopeless(summary)
         bar.close()
     if not results_file.exists():
         raise FileNotFoundError(f"{results_file} holds no rows: every run failed ({len(summary.failed)}); "
@@ -145,6 +150,18 @@ def reproduce(experiment: str, overrides: Sequence[str] = (), tables_dir: str | 
     out = Path(tables_dir) if tables_dir is not None else Path(first.results_dir) / "tables"
     summary.tables = write_tables(load_frame(results_file), out, summary.experiment)
     return summary
+
+
+ABORT_AFTER = 3  # identical failures, with nothing done yet, that stop the sweep
+
+
+def _stop_if_hopeless(summary: Summary) -> None:
+    """Stop when the first runs all failed the same way (a missing draft, missing data): every other run
+    would fail too. Nothing is lost; the next invocation resumes."""
+    msgs = {msg for _, msg in summary.failed}
+    if summary.ran == 0 and summary.skipped == 0 and len(summary.failed) >= ABORT_AFTER and len(msgs) == 1:
+        raise ValueError(f"the first {len(summary.failed)} runs all failed with {msgs.pop()}; "
+                         "fix that and rerun (runs already recorded are kept and skipped)")
 
 
 def _run_one(run, job: Sequence[str], summary: Summary) -> None:

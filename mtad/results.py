@@ -338,9 +338,13 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 def load_results(path_or_dir: str | Path) -> list[dict]:
     """All rows of a results file, or of every ``*.jsonl`` in a directory, as dicts (schema checked)."""
-    rows = []
+    rows, is_dir = [], Path(path_or_dir).is_dir()
     for f in _result_files(path_or_dir):
-        for row in _read_jsonl(f):
+        file_rows = _read_jsonl(f)
+        if is_dir and file_rows and "config_hash" not in file_rows[0]:  # e.g. results/bench.jsonl
+            log.info("skipping %s: not a file of run rows", f)
+            continue
+        for row in file_rows:
             _check_version(row.get("schema_version"), f"a row of {f} (run_id {row.get('run_id')!r})")
             rows.append(row)
     return rows

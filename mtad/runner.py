@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from mtad.config import experiment_name
 from mtad.decoding import DecoderConfig, PromptTooLong, generate
 from mtad.energy import EnergyMeter, combine_readings
-from mtad.loading import ModelConfig, load_pair
+from mtad.loading import ModelConfig, load_pair, resolve_local
 from mtad.metrics import perplexity, run_metrics, sequence_logprobs
 from mtad.results import ResultRow, append_row, config_hash, existing_hashes, write_jsonl_atomic
 from mtad.tasks.base import TaskConfig, get_task
@@ -37,6 +37,7 @@ def run(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict | Non
     tcfg = TaskConfig.from_any(resolved["task"])
     track = TrackingConfig.from_any(resolved.get("tracking"))
     results_file = Path(resolved.get("results_dir", "results")) / f"{experiment_name(resolved)}.jsonl"
+    resolved = {**resolved, "weights": weights_fingerprint(mcfg)}  # a retrained local draft is a new config
     key = config_hash(resolved)
     if not resolved.get("force") and key in existing_hashes(results_file):
         log.info("skipping: %s already holds a row for config %s (force=true reruns it)", results_file, key[:12])
@@ -79,6 +80,19 @@ def run(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict | Non
     tracker.finish(row.to_dict(), result_file=results_file)
     log.info("wrote a row to %s: %s", results_file, _summary(row.metrics))
     return row.to_dict()
+
+
+def weights_fingerprint(mcfg: ModelConfig) -> dict:
+    """Name, size and mtime of the weight files of local target/draft directories (cheap even for 70B
+    checkpoints); hub ids are identified by their id alone."""
+    out = {}
+    for role in ("target", "draft"):
+        spec = getattr(mcfg, role)
+        path = resolve_local(spec) if spec else None
+        if path is not None:
+            files = sorted(f for f in path.iterdir() if f.suffix in (".safetensors", ".bin", ".gguf", ".pt"))
+            out[role] = [f"{f.name}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files]
+    return out
 
 
 def _turns(task, sample) -> int:

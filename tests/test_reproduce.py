@@ -5,7 +5,8 @@ repository root with::
 
     python -m mtad.reproduce --profile quick results_dir=results/fixture_gen name=fixture
     T="model=tiny task=gsm8k task.n_prompts=2 task.few_shot=0 task.max_prompt_tokens=384 \\
-       task.on_long_prompt=truncate decoder.max_new_tokens=16 num_threads=1 results_dir=results/fixture_gen name=fixture"
+       task.on_long_prompt=truncate decoder.max_new_tokens=16 num_threads=1 \\
+       results_dir=results/fixture_gen name=fixture"
     python -m mtad.reproduce --experiment tau $T 'decoder.tau=0.2,0.8'
     python -m mtad.reproduce --experiment gamma $T 'decoder.gamma=2,6'
     python -m mtad.reproduce --experiment beam_width $T 'decoder.beam_width=1,2'
@@ -171,25 +172,26 @@ def test_empty_results_are_a_clear_error():
 
 # ------------------------------------------------------------------------------------------- end to end
 def test_quick_profile_runs_renders_and_resumes(tmp_path, capsys):
-    """A 3x2 cut of the quick grid (overrides replace the preset's sweep), then a second invocation that
-    runs nothing new."""
-    args = [f"results_dir={tmp_path / 'res'}", "decoder=greedy,speculative,mtad", "task=gsm8k,mt_bench", *SMALL]
+    """The whole quick grid (7 decoders x 3 tasks) with 1 prompt of 6 tokens, then a second invocation
+    through the CLI entry point that runs nothing new."""
+    args = [f"results_dir={tmp_path / 'res'}", *SMALL]
     s = reproduce.reproduce("quick", args, progress=False)
-    assert (s.ran, s.skipped, s.failed) == (6, 0, [])
+    assert (s.ran, s.skipped, s.failed) == (21, 0, [])
     rows = load_results(tmp_path / "res" / "quick.jsonl")
-    assert len(rows) == 6 and {r["experiment"] for r in rows} == {"quick"}
+    assert len(rows) == 21 and {r["experiment"] for r in rows} == {"quick"}
     md = (tmp_path / "res" / "tables" / "quick.md").read_text()
     assert (tmp_path / "res" / "tables" / "quick.tex").is_file()
-    assert "| tiny | speculative | " in md and "1.00×" in md
+    assert "| tiny | speculative | " in md and "1.00×" in md and "| tiny | mmtad | " in md
     t0 = time.perf_counter()
     assert reproduce.main(["--profile", "quick", "--no-progress", *args]) == 0
-    assert "0 runs done, 6 already had a row, 0 failed" in capsys.readouterr().out
-    assert len(load_results(tmp_path / "res" / "quick.jsonl")) == 6
-    assert time.perf_counter() - t0 < 60
+    assert "0 runs done, 21 already had a row, 0 failed" in capsys.readouterr().out
+    assert len(load_results(tmp_path / "res" / "quick.jsonl")) == 21
+    assert time.perf_counter() - t0 < 90
 
 
 @pytest.mark.slow
 def test_full_quick_profile(tmp_path):
+    """The quick profile exactly as `make reproduce-table PROFILE=quick` runs it (2 prompts, 16 tokens)."""
     s = reproduce.reproduce("quick", [f"results_dir={tmp_path}"], progress=False)
     assert (s.ran, s.failed) == (21, [])
     assert (tmp_path / "tables" / "quick.md").is_file()
@@ -257,3 +259,25 @@ def test_rows_measured_under_other_settings_are_separate_table_rows():
     a = df[(df.variant == "mtad [on=GPU X]") & (df.task == "gsm8k")].speedup.iloc[0]
     b = df[(df.variant == f"mtad [on={rows[0]['device_name']}]") & (df.task == "gsm8k")].speedup.iloc[0]
     assert a == pytest.approx(b)
+
+
+def test_per_run_reference_figures_only_for_the_camera_ready_pairs():
+    rows = _quick_rows(_rows())
+    assert "Per-run figures" not in table.render_markdown(_frame(rows))  # the tiny pair: not rendered
+    llama = [json.loads(json.dumps(r)) for r in rows if r["task"]["name"] in ("humaneval", "mt_bench")]
+    for r in llama:
+        r["model"]["name"] = "llama3-8b"
+    text = table.render_markdown(_frame(llama))
+    part = text[text.index("Per-run figures"):]
+    line = next(x for x in part.splitlines() if x.startswith("| humaneval | llama3-8b | mtad"))
+    assert "pass@1 0.299" in line and "| 29.02 |" in line and "| 4.33 |" in line  # published figures, as in PAPER.md
+    assert "pass@1 0.000" in line  # ours, joined from the row
+    spider = next(x for x in part.splitlines() if x.startswith("| spider | llama3-8b | specinfer"))
+    assert spider.count("—") == 4  # no spider row of ours: every figure of ours is missing
+
+
+def test_a_sweep_whose_runs_all_fail_the_same_way_stops_early(tmp_path):
+    """Negative control: a target that does not exist fails every run; the sweep stops after three."""
+    args = [f"results_dir={tmp_path}", "model.kind=hf", "model.target=no/such/model"]
+    with pytest.raises(ValueError, match="the first 3 runs all failed"):
+        reproduce.reproduce("quick", args, progress=False)

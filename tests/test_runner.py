@@ -144,3 +144,18 @@ def test_wandb_offline_writes_run_files(tmp_path, data_file, monkeypatch):
     run(_cfg(tmp_path, data_file, "tracking=wandb", "tracking.mode=offline"), run_dir=tmp_path / "run")
     assert list((tmp_path / "run").rglob("*.wandb")), "no offline W&B run file written"
     assert len(load_results(tmp_path / "res" / "t.jsonl")) == 1
+
+
+def test_weights_fingerprint_changes_when_a_local_draft_is_retrained(tmp_path):
+    import time
+
+    from mtad.loading import ModelConfig
+    from mtad.runner import weights_fingerprint
+
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 10)
+    cfg = ModelConfig(name="p", kind="hf", target="org/some-model", draft=str(tmp_path))
+    before = weights_fingerprint(cfg)
+    assert before == weights_fingerprint(cfg) and "target" not in before  # hub ids: by id alone
+    time.sleep(1.1)
+    (tmp_path / "model.safetensors").write_bytes(b"y" * 11)
+    assert weights_fingerprint(cfg) != before
