@@ -9,6 +9,7 @@ are skipped with the reason recorded (``task.on_long_prompt=error`` makes them f
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import Counter
 from dataclasses import asdict
@@ -83,16 +84,24 @@ def run(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict | Non
 
 
 def weights_fingerprint(mcfg: ModelConfig) -> dict:
-    """Name, size and mtime of the weight files of local target/draft directories (cheap even for 70B
-    checkpoints); hub ids are identified by their id alone."""
+    """The weight files of local target/draft directories: name + sha256 for files under 256 MB (a
+    committed draft hashes the same in every clone), name + size + mtime for larger ones (cheap for 70B
+    checkpoints). Hub ids are identified by their id alone."""
     out = {}
     for role in ("target", "draft"):
         spec = getattr(mcfg, role)
         path = resolve_local(spec) if spec else None
         if path is not None:
             files = sorted(f for f in path.iterdir() if f.suffix in (".safetensors", ".bin", ".gguf", ".pt"))
-            out[role] = [f"{f.name}:{f.stat().st_size}:{int(f.stat().st_mtime)}" for f in files]
+            out[role] = [f"{f.name}:{_file_id(f)}" for f in files]
     return out
+
+
+def _file_id(f: Path) -> str:
+    st = f.stat()
+    if st.st_size < 256 << 20:
+        return hashlib.sha256(f.read_bytes()).hexdigest()[:16]
+    return f"{st.st_size}:{int(st.st_mtime)}"
 
 
 def _turns(task, sample) -> int:

@@ -66,7 +66,7 @@ def test_draft_predicts_the_target_and_a_scrambled_draft_does_not(pair):
     trained = _alpha(pair.target, pair.draft, seq, len(ids))
     scrambled = copy.deepcopy(pair.draft)
     with torch.no_grad():
-        for name, w in scrambled.model.layers.named_parameters():
+        for w in scrambled.model.layers.parameters():
             if w.dim() == 2:
                 w.copy_(w.flatten()[torch.randperm(w.numel(), generator=torch.Generator().manual_seed(0))].view_as(w))
     control = _alpha(pair.target, scrambled, seq, len(ids))
