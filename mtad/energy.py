@@ -2,7 +2,7 @@
 
 GPU: NVML's cumulative counter ``nvmlDeviceGetTotalEnergyConsumption`` (mJ) read before and after the window
 on every GPU the models use. Without NVML: Intel/AMD RAPL package counters under ``/sys/class/powercap``
-when readable. Otherwise no number, with the reason kept. ``nvidia-smi`` is never called.
+when readable. Otherwise no number, with the reason kept. No command-line GPU tool is ever polled.
 
 Usage (the runner)::
 
