@@ -11,10 +11,11 @@ import json
 import logging
 import os
 import socket
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
+from mtad.cfgutil import field_values
 from mtad.pair import ModelPair
 from mtad.paths import REPO_ROOT
 
@@ -76,41 +77,10 @@ class ModelConfig:
     @classmethod
     def from_any(cls, cfg: "ModelConfig | Mapping[str, Any] | None" = None, **overrides) -> "ModelConfig":
         """Build from a dataclass, a dict or an OmegaConf node; unknown keys are an error naming them."""
-        if isinstance(cfg, ModelConfig):
-            base = {f.name: getattr(cfg, f.name) for f in fields(cls)}
-        else:
-            base = dict(_to_plain(cfg) or {})
-        base.update(overrides)
-        unknown = sorted(set(base) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown model key(s) {unknown}; valid keys: {sorted(f.name for f in fields(cls))}")
+        base = field_values(cls, cfg, overrides, "model")
         if base.get("max_memory") is not None:
             base["max_memory"] = {str(k): str(v) for k, v in dict(base["max_memory"]).items()}
         return cls(**base)
-
-
-def model_schema():
-    """``ModelConfig`` as a writable OmegaConf structured node, for Hydra's ConfigStore.
-
-    ``OmegaConf.structured`` makes a frozen dataclass read-only, so YAML could not fill it; this keeps the
-    types and the closed key set (a misspelt key still fails) and drops the read-only flag.
-    """
-    from omegaconf import OmegaConf
-
-    node = OmegaConf.structured(ModelConfig)
-    OmegaConf.set_readonly(node, False)
-    return node
-
-
-def _to_plain(cfg: Any) -> Any:
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            return OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
-    return cfg
 
 
 def load_pair(cfg: "ModelConfig | Mapping[str, Any]") -> ModelPair:

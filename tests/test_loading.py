@@ -158,9 +158,9 @@ def test_structured_config_rejects_misspelt_key():
     from omegaconf import OmegaConf
     from omegaconf.errors import ConfigKeyError, ValidationError
 
-    from mtad.loading import model_schema
+    from mtad.config import ModelSchema
 
-    schema = model_schema()
+    schema = OmegaConf.structured(ModelSchema)
     good = OmegaConf.merge(schema, yaml.safe_load((REPO_ROOT / "conf/model/llama2-70b.yaml").read_text()))
     assert ModelConfig.from_any(good).max_memory == {"0": "75GiB", "1": "75GiB"}
     with pytest.raises(ConfigKeyError):

@@ -6,8 +6,10 @@ W=4, tau=0.5, sampling with replacement in the beam step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional
+
+from mtad.cfgutil import field_values
 
 
 @dataclass(frozen=True)
@@ -66,26 +68,8 @@ class DecoderConfig:
     @classmethod
     def from_any(cls, cfg: "DecoderConfig | Mapping[str, Any] | None" = None, **overrides) -> "DecoderConfig":
         """Build from a dataclass, a dict or an OmegaConf node; unknown keys are an error naming the key."""
-        if isinstance(cfg, DecoderConfig):
-            base = {f.name: getattr(cfg, f.name) for f in fields(cls)}
-        else:
-            base = dict(_to_plain(cfg) or {})
-        base.update(overrides)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(base) - known)
-        if unknown:
-            raise ValueError(f"unknown decoder key(s) {unknown}; valid keys: {sorted(known)}")
+        base = field_values(cls, cfg, overrides, "decoder")
         if "k_config" in base:
             base["k_config"] = [int(k) for k in base["k_config"]]
         return cls(**base)
 
-
-def _to_plain(cfg: Any) -> Any:
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            return OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
-    return cfg
