@@ -156,6 +156,7 @@ def _finish(resolved, dec, mcfg, tcfg, task, pair, rows, decodes, logps, scores,
     if task.metric:
         metrics["score"] = {k: v for k, v in task.aggregate(scores).items()}
         metrics["score_name"] = task.metric
+    metrics.update(task.row_info())
     return ResultRow.build(
         resolved, experiment=experiment_name(resolved), metrics=metrics, decoder=asdict(dec),
         model={**asdict(mcfg), "info": pair.info}, task={**tcfg.to_dict(), "selected_ids": [s["id"] for s in rows]},

@@ -25,6 +25,7 @@ _CHOICES = {
     "selection": ("first", "random"),
     "on_long_prompt": ("skip", "truncate", "error"),
     "schema_format": ("create_table", "compact"),
+    "sandbox": ("auto", "namespaces", "uid", "none"),
 }
 
 
@@ -51,7 +52,8 @@ class TaskConfig:
     categories: list[str] = field(default_factory=list)  # mt_bench / spec_bench filter; empty = all
     stop: list[str] = field(default_factory=list)  # extra stop strings applied by postprocess
     timeout_s: float = 10.0  # humaneval: per-program wall limit; spider: per-query limit
-    memory_mb: int = 1024  # humaneval: address-space limit of the test process
+    memory_mb: int = 1024  # humaneval: memory cap of the candidate (per process and over all its processes)
+    sandbox: str = "auto"  # humaneval: auto | namespaces | uid | none (mtad/tasks/sandbox.py); recorded in the row
     db_dir: str | None = None  # spider: <db_dir>/<db_id>/<db_id>.sqlite -> execution accuracy
     schema_format: str = "create_table"  # spider: create_table | compact ("table(col, col)")
 
@@ -287,6 +289,10 @@ class Task:
 
     def score(self, sample: Sample, completion: str) -> dict[str, float]:
         """Per-sample scores of the raw or postprocessed completion; {} for prompt-only sets."""
+        return {}
+
+    def row_info(self) -> dict:
+        """Facts about how the run was scored, for the result row's metrics (e.g. HumanEval's sandbox)."""
         return {}
 
     def aggregate(self, scores: list[dict]) -> dict[str, float]:

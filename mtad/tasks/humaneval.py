@@ -4,12 +4,13 @@ from __future__ import annotations
 import importlib.util
 import logging
 import re
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from mtad.tasks.base import Sample, Task, cut_at, register
 from mtad.tasks.records import need_str
-from mtad.tasks.sandbox import Limits, RunResult, run_python
+from mtad.tasks.sandbox import Limits, RunResult, run_check
 
 log = logging.getLogger(__name__)
 FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
@@ -36,6 +37,18 @@ def package_copy() -> Path:
 class HumanEval(Task):
     metric = "pass@1"
     subdir = "humaneval"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.isolation: Counter = Counter()  # "namespaces/cgroup" -> samples scored so
+
+    def row_info(self) -> dict:
+        """How the tests ran, for the result row: ``sandbox`` names the weakest isolation used."""
+        order = ("none", "uid", "namespaces")
+        used = {k.split("/")[0] for k in self.isolation}
+        weakest = next((name for name in order if name in used), None)
+        return {"sandbox": weakest and ("unsandboxed" if weakest == "none" else weakest),
+                "sandbox_runs": dict(self.isolation)}
 
     def load(self) -> list[Sample]:
         def parse(row: dict, i: int) -> Sample:
@@ -87,16 +100,20 @@ class HumanEval(Task):
         return f"{code}\n" if code else ""
 
     def program(self, sample: Sample, completion: str) -> str:
-        """prompt + completion (or prompt + whole function) + tests + ``check(entry_point)``."""
+        """What the candidate process runs: prompt + completion (or prompt + whole function). The tests
+        and ``check(entry_point)`` run in the sandbox's supervisor, never in this program's process."""
         code, entry = self.postprocess(sample, completion), sample.meta["entry_point"]
-        head = f"{sample.turns[0]}\n{code}" if defines(code, entry) else sample.turns[0] + code
-        return f"{head}\n\n{sample.reference}\n\ncheck({entry})\n"
+        return f"{sample.turns[0]}\n{code}" if defines(code, entry) else sample.turns[0] + code
 
     def execute(self, sample: Sample, completion: str) -> RunResult:
-        limits = Limits(timeout_s=self.cfg.timeout_s, memory_mb=self.cfg.memory_mb)
-        return run_python(self.program(sample, completion), limits)
+        limits = Limits(timeout_s=self.cfg.timeout_s, memory_mb=self.cfg.memory_mb,
+                        isolation=getattr(self.cfg, "sandbox", "auto"))
+        result = run_check(self.program(sample, completion), sample.turns[0], sample.reference,
+                           sample.meta["entry_point"], limits)
+        self.isolation[f"{result.isolation}/{result.memory_cap}"] += 1
+        return result
 
     def score(self, sample: Sample, completion: str) -> dict[str, float]:
         result = self.execute(sample, completion)
-        log.debug("humaneval %s: %s (exit %s) %s", sample.id, result.status, result.returncode, result.output[-300:])
+        log.debug("humaneval %s: %s %s %s", sample.id, result.status, result.message[-300:], result.output[-300:])
         return {"pass@1": float(result.passed)}
