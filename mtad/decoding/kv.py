@@ -172,13 +172,14 @@ class Session:
         if self.windows is None:
             self.windows = mask_windows(self.model.config)
 
-        def to4d(m):  # (S, L+S) bool -> (1, 1, S, L+S) additive float
+        def to4d(w):  # window or None -> (1, 1, S, L+S) additive float mask
+            m = visible
+            if w is not None:
+                key_pos = torch.cat([torch.arange(len(self.ids)), torch.tensor(self.node_pos)])  # (L+S,)
+                m = visible & (pos[:, None] - key_pos[None, :] < w)
             return torch.zeros(1, 1, *m.shape, dtype=dtype).masked_fill_(~m, torch.finfo(dtype).min).to(self.device)
 
-        masks = {None: to4d(visible)}
-        for w in set(self.windows.values()) - {None}:
-            key_pos = torch.cat([torch.arange(len(self.ids)), torch.tensor(self.node_pos)])  # (L+S,)
-            masks[w] = to4d(visible & (pos[:, None] - key_pos[None, :] < w))
+        masks = {w: to4d(w) for w in set(self.windows.values())}
         if None in self.windows:
             return masks[self.windows[None]]
         return {t: masks[w] for t, w in self.windows.items()}
