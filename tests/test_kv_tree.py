@@ -33,27 +33,12 @@ def alone(m, ids: list[int]) -> torch.Tensor:
     return tm.logits_alone(m, ids)[-1]  # (V,)
 
 
-class Tree:
-    """Nodes appended to a session: token, parent (cache index) and root-to-node token path."""
-
-    def __init__(self, session: Session, linear: list[int]):
-        self.s, self.paths = session, {}  # cache index -> tokens after the linear part
-        self.P = len(linear)
-
-    def add(self, tokens: list[int], parents: list[int]) -> dict[int, torch.Tensor]:
-        start = len(self.s)
-        for i, (t, par) in enumerate(zip(tokens, parents)):
-            self.paths[start + i] = (self.paths[par] if par >= self.P else []) + [t]
-        logits = self.s.forward_tree(tokens, parents)  # (S, V)
-        return {start + i: logits[i] for i in range(len(tokens))}
-
-
-def build_tree(m) -> tuple[Session, Tree, dict[int, torch.Tensor]]:
+def build_tree(m) -> tuple[Session, tm.Tree, dict[int, torch.Tensor]]:
     """Linear cache PREFIX[:4]; one tree call with the pending chain PREFIX[4:] and 2 levels below it;
     a second call adding a third level under existing nodes (as beam steps do)."""
     s = Session(m, Stats(), "target")
     s.forward(PREFIX[:4])
-    tree = Tree(s, PREFIX[:4])
+    tree = tm.Tree(s, PREFIX[:4])
     # cache indices: 4, 5 = pending chain; 6, 7, 8 children of 5; 9, 10 children of 6; 11 child of 8
     out = tree.add(PREFIX[4:] + [1, 5, 1, 30, 7, 7], [3, 4, 5, 5, 5, 6, 6, 8])
     out.update(tree.add([2, 2, 17], [9, 11, 11]))  # 12 under 9, 13 and 14 under 11
@@ -107,7 +92,7 @@ def test_keep_path_then_linear_forward(model):
     assert s.ids == text and len(s) == len(text) and s.cache.get_seq_length() == len(text)
     assert close(s.forward([11], keep=1)[-1], alone(model, text + [11]))
     # and a second tree round on the compacted cache
-    s2 = Tree(s, s.ids)
+    s2 = tm.Tree(s, s.ids)
     out = s2.add([4, 6, 6], [len(text), len(text), len(text) + 1])
     for idx, logits in out.items():
         assert close(logits, alone(model, text + [11] + s2.paths[idx]))

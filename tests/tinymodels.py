@@ -14,12 +14,34 @@ from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalL
 
 from mtad.pair import ModelPair
 
+SLIDING = ("mistral", "gemma3", "qwen2", "qwen3")  # architectures with a sliding window (``window``)
+
+
+def sliding_model(arch: str, vocab: int, hidden: int, layers: int, std: float, window: int):
+    """Mistral (every layer slides) or Gemma 3 / Qwen2 / Qwen3 (text-only; layer 0 slides, the rest are full)."""
+    import transformers as tf
+
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, initializer_range=std,
+                  bos_token_id=0, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False,
+                  sliding_window=window)
+    hybrid = ["sliding_attention"] + ["full_attention"] * (layers - 1)
+    if arch == "mistral":
+        return tf.MistralForCausalLM(tf.MistralConfig(**common))
+    if arch == "gemma3":
+        cfg = tf.Gemma3TextConfig(**common, head_dim=hidden // 4, query_pre_attn_scalar=hidden // 4, layer_types=hybrid)
+        return tf.Gemma3ForCausalLM(cfg)
+    cls, cfg = {"qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config), "qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config)}[arch]
+    return cls(cfg(**common, use_sliding_window=True, layer_types=hybrid, head_dim=hidden // 4))
+
 
 def model(arch: str, seed: int, vocab: int = 32, hidden: int = 32, layers: int = 2, std: float = 0.5,
-          attn: str = "sdpa"):
+          attn: str = "sdpa", window: int = 8):
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        if arch == "llama":
+        if arch in SLIDING:
+            m = sliding_model(arch, vocab, hidden, layers, std, window)
+        elif arch == "llama":
             cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                               num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                               max_position_embeddings=512, initializer_range=std, bos_token_id=0,
@@ -47,6 +69,21 @@ def oracle_greedy(m, prompt: list[int], n: int) -> list[int]:
         for _ in range(n):
             ids.append(int(m(torch.tensor([ids])).logits[0, -1].argmax()))
     return ids[len(prompt):]
+
+
+class Tree:
+    """Nodes appended to a session: token, parent (cache index) and root-to-node token path."""
+
+    def __init__(self, session, linear: list[int]):
+        self.s, self.paths = session, {}  # cache index -> tokens after the linear part
+        self.P = len(linear)
+
+    def add(self, tokens: list[int], parents: list[int]) -> dict[int, torch.Tensor]:
+        start = len(self.s)
+        for i, (t, par) in enumerate(zip(tokens, parents)):
+            self.paths[start + i] = (self.paths[par] if par >= self.P else []) + [t]
+        logits = self.s.forward_tree(tokens, parents)  # (S, V)
+        return {start + i: logits[i] for i in range(len(tokens))}
 
 
 def logits_alone(m, ids: list[int]) -> torch.Tensor:

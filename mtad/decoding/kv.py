@@ -10,6 +10,19 @@ A :class:`Session` is one model's cache for one ``generate`` call. Its cache hol
 Operations: crop/rollback (:meth:`sync`), beam expand/reorder (:meth:`expand`, :meth:`select`) and
 tree-path compaction (:meth:`keep_path`). Transformers 5.x notes: the forward kwarg is ``cache`` (the old
 ``past_key_values`` is deprecated) and ``DynamicCache.crop`` takes a negative count of tokens to drop.
+
+Sliding-window attention (Mistral; Gemma 3 and Qwen2/3 mix sliding and full layers): every layer of the
+session's cache is a *full-length* ``DynamicLayer``, and the window lives in the attention mask alone.
+``DynamicCache(config=...)`` would give sliding layers a ``DynamicSlidingWindowLayer``, which keeps only the
+last ``W - 1`` tokens: past the window it cannot roll back (the dropped tokens are gone; ``crop`` raises),
+and tree nodes take cache slots that evict linear tokens a deeper node still sees. Its
+``activate_past_recording`` keeps the past only until the next crop and hands the forward only the last
+``W - 1 + S`` keys, which again loses linear tokens once an earlier tree call holds slots. With full-length
+layers every cache index is a position's key, so crop, beam reorder and path compaction are the same for all
+layers; linear forwards get the model's own sliding mask (transformers' mask functions use absolute key
+indices, offset 0 for a full-length layer), tree forwards one mask per layer type (:meth:`Session._tree_mask`).
+Cost: a sliding layer's cache grows with the context like a full layer's (memory and attention over ``L``
+keys, masked to ``W``).
 """
 from __future__ import annotations
 
@@ -18,9 +31,12 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-# Architectures whose attention is known to honour a float 4D mask + position_ids (tested: llama, opt).
-TREE_ARCHITECTURES = {"llama", "opt", "mistral", "qwen2", "qwen3"}
+# Architectures whose attention honours a float 4D mask (one per layer type) + position_ids: tests/test_kv_tree.py
+# (llama, opt) and tests/test_sliding.py (mistral, gemma3_text, qwen2, qwen3 with sliding windows).
+TREE_ARCHITECTURES = {"llama", "opt", "mistral", "gemma3_text", "qwen2", "qwen3"}
+MASK_LAYER_TYPES = ("full_attention", "sliding_attention")  # layer types a tree mask is built for
 
 
 @dataclass
@@ -55,6 +71,37 @@ def check_tree_support(model, role: str) -> None:
             f"tree attention is not supported for the {role} model (architecture '{arch}', attention '{impl}'): "
             f"tree decoders need a 4D attention mask, tested for {sorted(TREE_ARCHITECTURES)} with sdpa/eager; "
             "use decoder=mtad or speculative, or load the model with attn_implementation=sdpa")
+    other = sorted(set(getattr(_text_config(model.config), "layer_types", None) or ()) - set(MASK_LAYER_TYPES))
+    if other:
+        raise ValueError(f"tree attention is not supported for the {role} model (architecture '{arch}'): its layer "
+                         f"types {other} need masks mtad does not build (only {list(MASK_LAYER_TYPES)}); "
+                         "use decoder=mtad or speculative")
+
+
+def _text_config(config):
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def mask_windows(config) -> dict[str | None, int | None]:
+    """How the model takes a 4D mask: ``{layer type: sliding window or None}`` for models that take one mask
+    per layer type (``config.layer_types`` with a sliding type: Gemma 3, Qwen2/3, whose ``forward`` uses an
+    ``attention_mask`` dict as its layer type -> mask mapping), else ``{None: window}`` for one tensor that
+    every layer gets as is (Llama, OPT: no window; Mistral: every layer slides)."""
+    c = _text_config(config)
+    window, types = getattr(c, "sliding_window", None), getattr(c, "layer_types", None)
+    if not types:
+        return {None: window}
+    if "sliding_attention" not in types:
+        return {None: None}
+    return {t: window if t == "sliding_attention" else None for t in dict.fromkeys(types)}
+
+
+def full_length_cache(config) -> DynamicCache:
+    """``DynamicCache(config=...)`` with every sliding-window layer replaced by a full-length one (module
+    docstring: rollback and tree nodes need every past key)."""
+    cache = DynamicCache(config=config)
+    cache.layers = [DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer for layer in cache.layers]
+    return cache
 
 
 class Session:
@@ -62,7 +109,11 @@ class Session:
 
     def __init__(self, model, stats: Stats, role: str):
         self.model, self.stats, self.role = model, stats, role
-        self.cache = DynamicCache(config=model.config)
+        self.cache = full_length_cache(model.config)
+        self.windows: dict | None = None  # layer type -> window of its tree mask (set by the first tree call)
+        kinds = {type(layer).__name__ for layer in self.cache.layers} - {"DynamicLayer"}
+        self._surgery_error = (f"{role} model (architecture '{model.config.model_type}'): its cache layers "
+                               f"{sorted(kinds)} hold no per-token keys to crop or compact") if kinds else ""
         self.device = model.get_input_embeddings().weight.device
         self.ids: list[int] = []  # linear part of the cache
         self.node_parent: list[int] = []  # tree nodes: parent cache index
@@ -101,17 +152,37 @@ class Session:
     def forward_tree(self, tokens: list[int], parents: list[int], keep: int = 0) -> torch.Tensor:
         """Append tree nodes; ``parents[i]`` is the cache index of node i's parent: the last linear token,
         an earlier tree node, or an earlier node of this call (so pending tokens can travel as a chain).
-        Returns logits of the last ``keep`` new nodes (all when 0): (keep or S, V)."""
+        Sliding-window layers get their own mask (:meth:`_tree_mask`). Returns logits of the last ``keep``
+        new nodes (all when 0): (keep or S, V)."""
         L, P, S = len(self), len(self.ids), len(tokens)
         pos, anc = self._extend_tree(parents)
         mask = torch.zeros(S, L + S, dtype=torch.bool)  # (S, L+S) True = attend
         mask[:, :P] = True
         mask[:, P:] = anc[L - P:]
-        dtype = self.model.get_input_embeddings().weight.dtype
-        mask4d = torch.zeros(1, 1, S, L + S, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
         x = torch.tensor([tokens], dtype=torch.long)  # (1, S)
-        positions = torch.tensor([pos], dtype=torch.long, device=self.device)  # (1, S)
-        return self._run(x, keep, attention_mask=mask4d.to(self.device), position_ids=positions)[0]  # (S', V)
+        positions = torch.tensor([pos], dtype=torch.long)  # (1, S)
+        return self._run(x, keep, attention_mask=self._tree_mask(mask, positions[0]),
+                         position_ids=positions.to(self.device))[0]  # (S', V)
+
+    def _tree_mask(self, visible: torch.Tensor, pos: torch.Tensor):
+        """Float 4D mask(s) from ``visible`` (S, L+S) for queries at positions ``pos`` (S,): one tensor, or a
+        dict layer type -> mask; a sliding layer also hides keys ``W`` or more positions back (a node's
+        position, not its cache index, counts: its ancestors are near, the linear part far)."""
+        dtype = self.model.get_input_embeddings().weight.dtype
+        if self.windows is None:
+            self.windows = mask_windows(self.model.config)
+
+        def to4d(w):  # window or None -> (1, 1, S, L+S) additive float mask
+            m = visible
+            if w is not None:
+                key_pos = torch.cat([torch.arange(len(self.ids)), torch.tensor(self.node_pos)])  # (L+S,)
+                m = visible & (pos[:, None] - key_pos[None, :] < w)
+            return torch.zeros(1, 1, *m.shape, dtype=dtype).masked_fill_(~m, torch.finfo(dtype).min).to(self.device)
+
+        masks = {w: to4d(w) for w in set(self.windows.values())}
+        if None in self.windows:
+            return masks[self.windows[None]]
+        return {t: masks[w] for t, w in self.windows.items()}
 
     def _extend_tree(self, parents: list[int]) -> tuple[list[int], torch.Tensor]:
         P, N0 = len(self.ids), len(self.node_parent)
@@ -149,7 +220,13 @@ class Session:
 
     def _crop(self, drop: int) -> None:
         if drop > 0:
+            self._check_surgery("roll back")
             self.cache.crop(-drop)  # transformers 5.x: negative count = tokens to remove
+
+    def _check_surgery(self, what: str) -> None:
+        if self._surgery_error:
+            raise ValueError(f"cannot {what} the KV cache of the {self._surgery_error}; "
+                             "use decoder=greedy or sampling for this model")
 
     def expand(self, W: int) -> None:
         """Replicate the batch-1 cache into ``W`` beams."""
@@ -169,6 +246,7 @@ class Session:
     def keep_path(self, nodes: list[int]) -> None:
         """Tree-path compaction: keep the linear part plus tree nodes ``nodes`` (cache indices, root to
         leaf, each the parent of the next), which become linear; drop every other tree node."""
+        self._check_surgery("compact")
         P = len(self.ids)
         keep = torch.cat([torch.arange(P), torch.tensor(nodes, dtype=torch.long)]).to(self.device)
         for layer in self.cache.layers:
