@@ -177,7 +177,8 @@ def _one(pair, task, sample, turn, history, dec, mcfg, rng, meter, want_ppl) -> 
     base = {"id": sample.id, "turn": turn, "meta": sample.meta, "prompt": prompt.text,
             "prompt_tokens": len(prompt.ids), "prompt_truncated": prompt.truncated}
     if prompt.skip_reason:
-        return {**base, "skip_reason": prompt.skip_reason, "skip_kind": prompt.skip_kind}
+        return {**base, "prompt_tokens": prompt.n_tokens, "skip_reason": prompt.skip_reason,
+                "skip_kind": prompt.skip_kind}
     try:
         meter.start()
         result = generate(pair, prompt.ids, dec, rng)
@@ -229,7 +230,7 @@ def nothing_decoded(rows: list[dict], skips: Counter) -> str:
            if any("max_prompt_tokens" in k for k in skips) else
            "use shorter prompts, a model with a longer context, or task.on_long_prompt=truncate")
     total = sum(skips.values())
-    return f"no prompt was decoded: all {total} selected prompt(s) were skipped: {'; '.join(parts)}; {fix}"
+    return f"no prompt was decoded: all {total} selected prompts were skipped: {'; '.join(parts)}; {fix}"
 
 
 def _devices(pair) -> list:
