@@ -1,11 +1,14 @@
 """The one runner for every decoder (STYLE.md; Spec-Bench's shared driver).
 
-``run(cfg)``: validate everything, skip if this config already has a row, load the models once, decode
-``warmup`` prompts untimed, then for each prompt decode (timed, energy window around it), then score
-(untimed: perplexity under the raw target, task score). Finally write ``samples.jsonl`` into the run
-directory and append one row to ``${results_dir}/${experiment}.jsonl`` — atomically, so an interrupted
-run leaves no partial row. Prompts that do not fit (task ``max_prompt_tokens`` or the model's context)
-are skipped with the reason recorded (``task.on_long_prompt=error`` makes them fail instead).
+``run(cfg)``: validate everything, check that the results file and the run directory can be written,
+read the task data (its content goes into the config hash), skip if this config already has a row, load
+the models once, decode ``warmup`` prompts untimed, then for each prompt decode (timed, energy window
+around it), then score (untimed: perplexity under the raw target, task score). Finally write
+``samples.jsonl`` into the run directory and append one row to ``${results_dir}/${experiment}.jsonl`` —
+atomically, so an interrupted run leaves no partial row, and only if no row of the same config was
+appended meanwhile (checked again under the lock). If the append fails, the row goes to ``row.json`` in
+the run directory (:func:`save_row`). Prompts that do not fit (task ``max_prompt_tokens`` or the model's
+context) are skipped with the reason recorded (``task.on_long_prompt=error`` makes them fail instead).
 """
 from __future__ import annotations
 
