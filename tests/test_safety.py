@@ -111,33 +111,54 @@ def _read_only_mount() -> tuple:
     return ("unshare", "-rm", "sh", "-c", 'mount -t tmpfs -o ro tmpfs "$0" && exec "$@"')
 
 
-@pytest.mark.parametrize("case", ["proc", "file_as_folder", "results_file_is_a_folder", "read_only_fs"])
-def test_unwritable_output_fails_before_any_work(tmp_path, data_file, case):
+def _guard_exit(tmp_path: Path, data_file: Path, capsys, *overrides: str) -> list[str]:
+    """Run the Hydra callback's checks (what ``python -m mtad`` runs before Hydra creates anything)."""
+    from mtad.rundir import RunDirGuard
+
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", return_hydra_config=True,
+                      overrides=[*TINY, f"task.data_file={data_file}", *overrides])
+    with pytest.raises(SystemExit) as stop:
+        RunDirGuard().on_run_start(config=cfg)
+    assert stop.value.code == 2
+    return [line for line in capsys.readouterr().err.splitlines() if line]
+
+
+@pytest.mark.parametrize("case", ["proc", "file_as_folder", "results_file_is_a_folder", "default_run_dir"])
+def test_unwritable_output_is_refused_before_hydra_creates_anything(tmp_path, data_file, capsys, case):
     """proc: results_dir under /proc (no file can be created there); file_as_folder: results_dir below a
-    regular file; results_file_is_a_folder: res/t.jsonl is a directory, the run dir is writable;
-    read_only_fs: results_dir on a read-only tmpfs (own mount namespace) while hydra.run.dir is writable.
-    Each: exit 2, one error line naming the path, no run directory, nothing written."""
-    prefix: tuple = ()
-    run_dir = tmp_path / "run"
+    regular file; results_file_is_a_folder: res/t.jsonl is a directory while the run dir is writable;
+    default_run_dir: the default run dir (under results_dir) below a file. Each: exit 2, one line naming
+    the path and the setting to change, nothing created (the CLI path is the read-only test below)."""
+    run_dir = [f"hydra.run.dir={tmp_path / 'run'}"]
     if case == "proc":
         results, named = "/proc/mtad-nowhere/res", "/proc"
-    elif case == "file_as_folder":
+    elif case in ("file_as_folder", "default_run_dir"):
         (tmp_path / "plain").write_text("I am a file")
-        results, named = str(tmp_path / "plain" / "res"), str(tmp_path / "plain")
-    elif case == "results_file_is_a_folder":
-        (tmp_path / "res" / "t.jsonl").mkdir(parents=True)
-        results, named = str(tmp_path / "res"), str(tmp_path / "res" / "t.jsonl")
+        results, named = str(tmp_path / "plain" / "res"), f"{tmp_path / 'plain'} is a file"
+        run_dir = [] if case == "default_run_dir" else run_dir
     else:
-        (tmp_path / "ro").mkdir()
-        prefix = (*_read_only_mount(), str(tmp_path / "ro"))
-        results, named = str(tmp_path / "ro" / "res"), str(tmp_path / "ro")
+        (tmp_path / "res" / "t.jsonl").mkdir(parents=True)
+        results, named = str(tmp_path / "res"), f"{tmp_path / 'res' / 't.jsonl'} is not a regular file"
+    before = sorted(tmp_path.rglob("*"))
+    lines = _guard_exit(tmp_path, data_file, capsys, f"results_dir={results}", *run_dir)
+    assert len(lines) == 1 and lines[0].startswith("mtad: error: ") and named in lines[0], lines
+    assert "results_dir" in lines[0] or "hydra.run.dir" in lines[0]
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_read_only_results_dir_fails_before_any_work_through_the_cli(tmp_path, data_file):
+    """results_dir on a read-only tmpfs (own mount namespace) while hydra.run.dir is writable: exit 2, one
+    error line naming the path, no run directory, nothing written, no model loaded."""
+    (tmp_path / "ro").mkdir()
+    run_dir = tmp_path / "run"
     before = _files(tmp_path)
-    out = _cli(tmp_path, *TINY, f"task.data_file={data_file}", f"results_dir={results}", "decoder=greedy",
-               f"hydra.run.dir={run_dir}", prefix=prefix)
+    out = _cli(tmp_path, *TINY, f"task.data_file={data_file}", f"results_dir={tmp_path / 'ro' / 'res'}",
+               "decoder=greedy", f"hydra.run.dir={run_dir}", prefix=(*_read_only_mount(), str(tmp_path / "ro")))
     assert out.returncode == 2, out.stderr[-2000:]
     lines = _error_lines(out.stderr)
-    assert len(lines) == 1 and named in lines[0] and ("results_dir" in lines[0] or "hydra.run.dir" in lines[0])
-    assert "Traceback" not in out.stderr
+    assert len(lines) == 1 and str(tmp_path / "ro") in lines[0] and "Read-only file system" in lines[0]
+    assert "Traceback" not in out.stderr and "energy source" not in out.stderr + out.stdout  # no model run
     assert not run_dir.exists() and _files(tmp_path) == before
 
 
