@@ -7,7 +7,12 @@
   whole new file (old lines + the new line) is written to a temp file in the same directory, fsynced and
   ``os.replace``d over the old one: a crash or Ctrl-C leaves the old, valid file; concurrent writers (a
   Hydra multirun, submitit jobs) queue on the lock instead of interleaving. The rewrite is O(rows), which
-  is nothing at one row per run.
+  is nothing at one row per run. ``unless_hash`` repeats the "already done" check under the lock, so two
+  identical sweeps at once never write a row twice (the later one writes nothing and gets False).
+- Non-finite floats (NaN, inf) are never written: JSON has no such values, so every row and sample line
+  must parse with a strict reader. They become ``null`` and are listed in the row's ``non_finite``
+  (``{"metrics.ppl_mean_logprob": "nan"}``) with a warning. ``python -m mtad.results append ROW RESULTS``
+  appends a row saved elsewhere (the ``row.json`` of a run whose append failed).
 - ``load_results`` / ``load_frame``: read back (flattened columns ``metrics.ms_per_token``, ``decoder.name``).
 - ``write_jsonl_atomic``: per-run ``samples.jsonl``, written once at the end of a run.
 """
