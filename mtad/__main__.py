@@ -1,9 +1,18 @@
-"""``python -m mtad model=<pair> decoder=<name> task=<task>`` (Hydra; ``-m`` for a sweep)."""
+"""``python -m mtad model=<pair> decoder=<name> task=<task>`` (Hydra; ``-m`` for a sweep).
+
+Bad input (``ValueError``, ``FileNotFoundError``, ``OSError``) ends a single run with one ``mtad: error:``
+line and exit status 2; what the run created is removed unless it holds results (:mod:`mtad.rundir`).
+In a multirun a bad job does not stop the sweep: its error goes to the log, to stderr and to
+``error.json`` in its job directory, the remaining jobs run, and the whole multirun exits with status 2
+at the end, listing the failed jobs. (Only the local launcher's jobs share this process; with a remote
+launcher, e.g. SLURM, each job's ``error.json`` is the record.)
+"""
 from __future__ import annotations
 
+import json
 import logging
-import shutil
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import hydra
@@ -13,34 +22,79 @@ from mtad.config import register_configs
 
 register_configs()
 log = logging.getLogger("mtad")
+BAD_INPUT = (ValueError, FileNotFoundError, OSError)
+_FAILED_JOBS: list[str] = []  # one line per failed multirun job of this process
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from mtad.runner import run
+    from mtad.runner import ResultsNotAppended, run
 
     try:
         run(cfg)
-    except (ValueError, FileNotFoundError, OSError) as err:
+    except Exception as err:
+        multirun = _is_multirun()
+        if not isinstance(err, BAD_INPUT) and not multirun:
+            raise
         log.error("%s: %s", type(err).__name__, err)
         print(f"mtad: error: {err}", file=sys.stderr)
-        _drop_failed_run_dir()
+        if multirun:
+            _record_job_error(err)
+            if not isinstance(err, BAD_INPUT):
+                raise  # Hydra marks the job failed, runs the others, and raises it at the end
+            return
+        if not isinstance(err, ResultsNotAppended):  # that one has written its row elsewhere: keep all
+            _drop_failed_run_dir()
         sys.exit(2)
 
 
-def _drop_failed_run_dir() -> None:
-    """A run that failed before writing results leaves no directory behind (only Hydra's config + log)."""
+def _is_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _record_job_error(err: BaseException) -> None:
+    """``error.json`` in the job's directory, and a line for the summary at the end of the multirun."""
     from hydra.core.hydra_config import HydraConfig
 
-    out = Path(HydraConfig.get().runtime.output_dir)
-    if out.is_dir() and not (out / "samples.jsonl").exists():
-        shutil.rmtree(out, ignore_errors=True)
-        for parent in list(out.parents)[:3]:  # empty experiment/sweep folders too
-            try:
-                parent.rmdir()
-            except OSError:
-                break
+    hc = HydraConfig.get()
+    out = Path(hc.runtime.output_dir)
+    overrides = list(hc.overrides.task)
+    record = {"error": type(err).__name__, "message": str(err), "job_num": hc.job.num,
+              "overrides": overrides, "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    where = out / "error.json"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        where.write_text(json.dumps(record, indent=1) + "\n")
+    except OSError as exc:
+        where = f"nowhere ({exc.strerror or exc})"
+    _FAILED_JOBS.append(f"job {hc.job.num} ({' '.join(overrides)}): {type(err).__name__}: {err} [{where}]")
+
+
+def _drop_failed_run_dir() -> None:
+    """Remove what this failed run created, and only that (:func:`mtad.rundir.remove_failed_run`)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from mtad.rundir import remove_failed_run
+
+    hc = HydraConfig.get()
+    removed = remove_failed_run(hc.runtime.output_dir, hc.output_subdir, f"{hc.job.name}.log")
+    if removed:
+        log.debug("removed what the failed run created: %s", ", ".join(map(str, removed)))
+
+
+def cli() -> None:
+    """``main`` plus the multirun's exit status: 2 when any job failed on bad input."""
+    main()
+    if _FAILED_JOBS:
+        print(f"mtad: error: {len(_FAILED_JOBS)} job(s) of the multirun failed (the others ran):",
+              file=sys.stderr)
+        for line in _FAILED_JOBS:
+            print(f"mtad: error:   {line}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
-    main()
+    cli()

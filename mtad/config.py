@@ -59,4 +59,11 @@ def experiment_name(cfg) -> str:
 
 
 def register_configs() -> None:
+    """Store ``base_config`` and register the ``${mtad.uid:}`` resolver (a random per-config suffix that
+    keeps run directories of jobs started in the same second apart; see ``conf/config.yaml``)."""
+    from omegaconf import OmegaConf
+
+    from mtad.rundir import run_uid
+
     ConfigStore.instance().store(name="base_config", node=RunConfig)
+    OmegaConf.register_new_resolver("mtad.uid", run_uid, use_cache=True, replace=True)

@@ -7,7 +7,12 @@
   whole new file (old lines + the new line) is written to a temp file in the same directory, fsynced and
   ``os.replace``d over the old one: a crash or Ctrl-C leaves the old, valid file; concurrent writers (a
   Hydra multirun, submitit jobs) queue on the lock instead of interleaving. The rewrite is O(rows), which
-  is nothing at one row per run.
+  is nothing at one row per run. ``unless_hash`` repeats the "already done" check under the lock, so two
+  identical sweeps at once never write a row twice (the later one writes nothing and gets False).
+- Non-finite floats (NaN, inf) are never written: JSON has no such values, so every row and sample line
+  must parse with a strict reader. They become ``null`` and are listed in the row's ``non_finite``
+  (``{"metrics.ppl_mean_logprob": "nan"}``) with a warning. ``python -m mtad.results append ROW RESULTS``
+  appends a row saved elsewhere (the ``row.json`` of a run whose append failed).
 - ``load_results`` / ``load_frame``: read back (flattened columns ``metrics.ms_per_token``, ``decoder.name``).
 - ``write_jsonl_atomic``: per-run ``samples.jsonl``, written once at the end of a run.
 """
@@ -19,6 +24,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import subprocess
@@ -58,6 +64,7 @@ class ResultRow:
     n_skipped: int
     skip_reasons: dict = field(default_factory=dict)  # reason -> count
     run_dir: Optional[str] = None
+    non_finite: dict = field(default_factory=dict)  # dotted key -> "nan"/"inf"/"-inf", written as null
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
@@ -140,7 +147,7 @@ def canonical_config(cfg: Any, exclude: Iterable[str] = VOLATILE_KEYS) -> dict:
     plain = _plain(cfg)
     if not isinstance(plain, dict):
         raise ValueError(f"config_hash needs a mapping config, got {type(cfg).__name__}")
-    plain = json.loads(_dumps(plain))  # deep copy + normalise tuples, Paths
+    plain = json.loads(json.dumps(plain, default=_json_default))  # deep copy + normalise tuples, Paths
     for key in exclude:
         _drop(plain, key)
     return plain
@@ -229,10 +236,43 @@ def _json_default(obj: Any) -> Any:
                     "number, string, list or dict first")
 
 
+def finite(obj: Any, prefix: str = "") -> tuple[Any, dict[str, str]]:
+    """``obj`` as plain JSON data with every NaN/inf float replaced by None, and ``{dotted key: "nan" |
+    "inf" | "-inf"}`` of what was replaced: JSON has no NaN, and a row must parse with a strict reader."""
+    if isinstance(obj, float):
+        return (obj, {}) if math.isfinite(obj) else (None, {prefix or "value": str(obj)})
+    if isinstance(obj, ResultRow) or (dataclasses.is_dataclass(obj) and not isinstance(obj, type)):
+        obj = dataclasses.asdict(obj)
+    elif hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):  # numpy / torch values
+        obj = obj.tolist()
+    if isinstance(obj, Mapping):
+        out, bad = {}, {}
+        for k, v in obj.items():
+            out[k], sub = finite(v, f"{prefix}.{k}" if prefix else str(k))
+            bad.update(sub)
+        return out, bad
+    if isinstance(obj, (list, tuple)):
+        out_list, bad = [], {}
+        for i, v in enumerate(obj):
+            value, sub = finite(v, f"{prefix}.{i}" if prefix else str(i))
+            out_list.append(value)
+            bad.update(sub)
+        return out_list, bad
+    return obj, {}
+
+
 def _dumps(obj: Any) -> str:
-    if isinstance(obj, ResultRow):
-        obj = obj.to_dict()
-    return json.dumps(obj, default=_json_default, ensure_ascii=False)
+    """One JSON line; NaN/inf become null, recorded under ``non_finite`` when ``obj`` is a mapping."""
+    plain, bad = finite(obj)
+    if bad and isinstance(plain, dict):
+        log.warning("non-finite values written as null: %s", ", ".join(f"{k}={v}" for k, v in bad.items()))
+        plain["non_finite"] = {**(plain.get("non_finite") or {}), **bad}
+    return json.dumps(plain, default=_json_default, ensure_ascii=False, allow_nan=False)
+
+
+def to_json_line(row: ResultRow | Mapping[str, Any]) -> str:
+    """A row as the JSON line ``append_row`` writes (newline included)."""
+    return _dumps(row) + "\n"
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -272,16 +312,33 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
-def append_row(path: str | Path, row: ResultRow | Mapping[str, Any]) -> None:
-    """Append one row to a results JSONL file atomically (see the module docstring)."""
+def append_row(path: str | Path, row: ResultRow | Mapping[str, Any], unless_hash: Optional[str] = None) -> bool:
+    """Append one row to a results JSONL file atomically (see the module docstring).
+
+    ``unless_hash``: under the lock, first look for a row with that ``config_hash`` and, if there is one,
+    write nothing and return False (the "already done" check repeated where no other writer can slip in
+    between, so two identical concurrent sweeps never write a row twice). True when the row was written."""
     path = Path(path)
     row = row.to_dict() if isinstance(row, ResultRow) else dict(row)
     _check_version(row.get("schema_version"), "the row to append")
-    line = (_dumps(row) + "\n").encode()  # serialise before touching the file: a bad value fails here
+    line = to_json_line(row).encode()  # serialise before touching the file: a bad value fails here
     path.parent.mkdir(parents=True, exist_ok=True)
     with _locked(path):
         old = _drop_bad_tail(path, path.read_bytes() if path.exists() else b"")
+        if unless_hash is not None and unless_hash in _hashes_in(old):
+            return False
         _atomic_write_bytes(path, old + line)
+    return True
+
+
+def _hashes_in(data: bytes) -> set[str]:
+    hashes = set()
+    for text in data.splitlines():
+        with contextlib.suppress(ValueError):
+            row = json.loads(text)
+            if isinstance(row, dict) and "config_hash" in row:
+                hashes.add(row["config_hash"])
+    return hashes
 
 
 def _drop_bad_tail(path: Path, data: bytes) -> bytes:
@@ -376,3 +433,20 @@ def load_frame(path_or_dir: str | Path):
 
     return pd.DataFrame([flatten_dict(r) for r in load_results(path_or_dir)])
 
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """``python -m mtad.results append ROW.json RESULTS.jsonl``: append a saved row (e.g. the ``row.json``
+    of a run whose append failed) under the lock, unless the file already holds its config."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] != "append":
+        raise SystemExit("usage: python -m mtad.results append ROW.json RESULTS.jsonl")
+    row = json.loads(Path(args[1]).read_text().strip().splitlines()[0])
+    done = append_row(args[2], row, unless_hash=row.get("config_hash"))
+    print(f"{'appended' if done else 'already there, not appended'}: {args[1]} -> {args[2]}")
+
+
+if __name__ == "__main__":
+    main()

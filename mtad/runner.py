@@ -1,16 +1,21 @@
 """The one runner for every decoder (STYLE.md; Spec-Bench's shared driver).
 
-``run(cfg)``: validate everything, skip if this config already has a row, load the models once, decode
-``warmup`` prompts untimed, then for each prompt decode (timed, energy window around it), then score
-(untimed: perplexity under the raw target, task score). Finally write ``samples.jsonl`` into the run
-directory and append one row to ``${results_dir}/${experiment}.jsonl`` — atomically, so an interrupted
-run leaves no partial row. Prompts that do not fit (task ``max_prompt_tokens`` or the model's context)
-are skipped with the reason recorded (``task.on_long_prompt=error`` makes them fail instead).
+``run(cfg)``: validate everything, check that the results file and the run directory can be written,
+read the task data (its content goes into the config hash), skip if this config already has a row, load
+the models once, decode ``warmup`` prompts untimed, then for each prompt decode (timed, energy window
+around it), then score (untimed: perplexity under the raw target, task score). Finally write
+``samples.jsonl`` into the run directory and append one row to ``${results_dir}/${experiment}.jsonl`` —
+atomically, so an interrupted run leaves no partial row, and only if no row of the same config was
+appended meanwhile (checked again under the lock). If the append fails, the row goes to ``row.json`` in
+the run directory (:func:`save_row`). Prompts that do not fit (task ``max_prompt_tokens`` or the model's
+context) are skipped with the reason recorded (``task.on_long_prompt=error`` makes them fail instead).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import sys
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
@@ -23,7 +28,8 @@ from mtad.decoding import DecoderConfig, PromptTooLong, generate
 from mtad.energy import EnergyMeter, combine_readings
 from mtad.loading import ModelConfig, load_pair, resolve_local
 from mtad.metrics import perplexity, run_metrics, sequence_logprobs
-from mtad.results import ResultRow, append_row, config_hash, existing_hashes, write_jsonl_atomic
+from mtad.results import ResultRow, append_row, config_hash, existing_hashes, to_json_line, write_jsonl_atomic
+from mtad.rundir import check_results_file, check_writable
 from mtad.tasks.base import TaskConfig, get_task
 from mtad.tracker import TrackingConfig, make_tracker
 
@@ -38,17 +44,20 @@ def run(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict | Non
     tcfg = TaskConfig.from_any(resolved["task"])
     track = TrackingConfig.from_any(resolved.get("tracking"))
     results_file = Path(resolved.get("results_dir", "results")) / f"{experiment_name(resolved)}.jsonl"
-    resolved = {**resolved, "weights": weights_fingerprint(mcfg)}  # a retrained local draft is a new config
+    check_results_file(results_file)  # unwritable output fails here, before any work (mtad.rundir)
+    task = get_task(tcfg)
+    samples = task.samples()  # bad data fails here, before any model is loaded
+    # a retrained local draft or an edited data file is a new config
+    resolved = {**resolved, "weights": weights_fingerprint(mcfg), "data": task.data_fingerprint()}
     key = config_hash(resolved)
     if not resolved.get("force") and key in existing_hashes(results_file):
         log.info("skipping: %s already holds a row for config %s (force=true reruns it)", results_file, key[:12])
         return None
-    task = get_task(tcfg)
-    samples = task.samples()  # bad data fails here, before any model is loaded
+    run_dir = Path(run_dir or _hydra_run_dir() or results_file.parent / "runs" / key[:12])
+    check_writable(run_dir, "run directory", "hydra.run.dir (or run_dir)")
     if resolved.get("num_threads"):
         torch.set_num_threads(int(resolved["num_threads"]))
     pair = load_pair(mcfg)
-    run_dir = Path(run_dir or _hydra_run_dir() or results_file.parent / "runs" / key[:12])
     run_dir.mkdir(parents=True, exist_ok=True)
     tracker = make_tracker(track, run_dir)
     tracker.start(resolved, name=f"{dec.name}-{tcfg.name}-{mcfg.name}")
@@ -63,7 +72,7 @@ def run(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict | Non
             row = _one(pair, task, sample, turn, history, dec, mcfg, rng, meter, bool(resolved.get("perplexity", True)))
             rows.append(row)
             if row.get("skip_reason"):
-                skips[row["skip_reason"]] += 1
+                skips[row.get("skip_kind") or row["skip_reason"]] += 1
                 break
             history.append(row["completion"])
             decodes.append(row.pop("_result"))
@@ -73,14 +82,61 @@ def run(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict | Non
             if row["scores"]:
                 scores.append(row["scores"])
     row = _finish(resolved, dec, mcfg, tcfg, task, pair, rows, decodes, logps, scores, readings, skips, run_dir)
-    if resolved.get("save_samples", True):
-        write_jsonl_atomic(run_dir / "samples.jsonl", rows)
-    append_row(results_file, row)
-    OmegaConf.save(OmegaConf.create(resolved), run_dir / "resolved_config.yaml")
+    samples_error = _save_samples(run_dir, rows) if resolved.get("save_samples", True) else None
+    if not save_row(results_file, row, run_dir, unless_done=not resolved.get("force")):
+        tracker.finish(row.to_dict(), result_file=None)
+        return None
+    with contextlib.suppress(OSError):
+        OmegaConf.save(OmegaConf.create(resolved), run_dir / "resolved_config.yaml")
     tracker.log_samples(rows)
     tracker.finish(row.to_dict(), result_file=results_file)
     log.info("wrote a row to %s: %s", results_file, _summary(row.metrics))
+    if samples_error is not None:
+        raise ResultsNotAppended(f"the row was appended to {results_file}, but {run_dir / 'samples.jsonl'} "
+                                 f"could not be written ({samples_error}): the per-prompt samples are lost")
     return row.to_dict()
+
+
+class ResultsNotAppended(OSError):
+    """The results file (or samples.jsonl) could not be written at the end of a finished run; the message
+    says where the row went instead."""
+
+
+def _save_samples(run_dir: Path, rows: list[dict]) -> str | None:
+    """Write samples.jsonl; on a write error (disk full) log it and return the reason, so that the row,
+    which holds the run's figures, is still appended."""
+    try:
+        write_jsonl_atomic(run_dir / "samples.jsonl", rows)
+    except OSError as err:
+        log.error("could not write %s (%s); appending the row anyway", run_dir / "samples.jsonl", err)
+        return err.strerror or str(err)
+    return None
+
+
+def save_row(results_file: Path, row: ResultRow, run_dir: Path, unless_done: bool = True) -> bool:
+    """Append ``row``; False when ``unless_done`` and a row of the same config was appended meanwhile (two
+    identical sweeps at once: the check is repeated under the results lock, this row is discarded).
+
+    When the append fails (disk full, permissions changed), the row is saved as ``row.json`` in the run
+    directory, or failing that written to stderr as one JSON line, and :class:`ResultsNotAppended` says
+    where; the results file is untouched (appends are atomic)."""
+    try:
+        appended = append_row(results_file, row, unless_hash=row.config_hash if unless_done else None)
+    except OSError as err:
+        why = err.strerror or str(err)
+        saved = run_dir / "row.json"
+        try:
+            write_jsonl_atomic(saved, [row.to_dict()])
+            where = f"saved to {saved}; append it with `python -m mtad.results append {saved} {results_file}`"
+        except OSError:
+            sys.stderr.write(to_json_line(row))
+            where = f"written to stderr as one JSON line (and {saved} could not be written either)"
+        raise ResultsNotAppended(f"could not append the row to {results_file} ({why}); the row was {where}") from err
+    if not appended:
+        log.warning("%s already holds a row for config %s, appended by a concurrent run while this one "
+                    "decoded: this run's row is discarded (its samples stay in %s)", results_file,
+                    row.config_hash[:12], run_dir)
+    return appended
 
 
 def weights_fingerprint(mcfg: ModelConfig) -> dict:
@@ -124,7 +180,8 @@ def _one(pair, task, sample, turn, history, dec, mcfg, rng, meter, want_ppl) -> 
     base = {"id": sample.id, "turn": turn, "meta": sample.meta, "prompt": prompt.text,
             "prompt_tokens": len(prompt.ids), "prompt_truncated": prompt.truncated}
     if prompt.skip_reason:
-        return {**base, "skip_reason": prompt.skip_reason}
+        return {**base, "prompt_tokens": prompt.n_tokens, "skip_reason": prompt.skip_reason,
+                "skip_kind": prompt.skip_kind}
     try:
         meter.start()
         result = generate(pair, prompt.ids, dec, rng)
@@ -132,7 +189,8 @@ def _one(pair, task, sample, turn, history, dec, mcfg, rng, meter, want_ppl) -> 
     except PromptTooLong as err:
         if task.cfg.on_long_prompt == "error":
             raise
-        return {**base, "skip_reason": f"prompt does not fit the model context: {err}"}
+        return {**base, "skip_reason": f"prompt does not fit the model context: {err}",
+                "skip_kind": "prompts do not fit the model context"}
     text = pair.tokenizer.decode(result.tokens, skip_special_tokens=True)
     logp = sequence_logprobs(pair.target, prompt.ids, result.tokens) if want_ppl and result.tokens else None
     answer = task.postprocess(sample, text)
@@ -149,8 +207,7 @@ def _one(pair, task, sample, turn, history, dec, mcfg, rng, meter, want_ppl) -> 
 
 def _finish(resolved, dec, mcfg, tcfg, task, pair, rows, decodes, logps, scores, readings, skips, run_dir):
     if not decodes:
-        raise ValueError(f"no prompt was decoded ({dict(skips) or 'the task selected no samples'}); "
-                         "raise task.max_prompt_tokens or check the task data")
+        raise ValueError(nothing_decoded(rows, skips))
     metrics = run_metrics(decodes, gamma=dec.gamma, energy=combine_readings(readings))
     metrics.update(perplexity(logps) if logps else {})
     if task.metric:
@@ -160,8 +217,24 @@ def _finish(resolved, dec, mcfg, tcfg, task, pair, rows, decodes, logps, scores,
     return ResultRow.build(
         resolved, experiment=experiment_name(resolved), metrics=metrics, decoder=asdict(dec),
         model={**asdict(mcfg), "info": pair.info}, task={**tcfg.to_dict(), "selected_ids": [s["id"] for s in rows]},
-        seed=int(resolved.get("seed", 0)), n_prompts=len(decodes), skip_reasons=dict(skips), run_dir=run_dir,
+        seed=int(resolved.get("seed", 0)), n_prompts=len(decodes),
+        skip_reasons={**task.skip_counts(), **dict(skips)}, run_dir=run_dir,
         devices=_devices(pair))
+
+
+def nothing_decoded(rows: list[dict], skips: Counter) -> str:
+    """One line: how many prompts were skipped, why, the range of their lengths, and what to change."""
+    if not rows:
+        return "no prompt was decoded: the task selected no samples; check task.n_prompts and task.categories"
+    parts = []
+    for kind, n in skips.most_common():
+        lengths = [r["prompt_tokens"] for r in rows if r.get("skip_kind", r.get("skip_reason")) == kind] or [0]
+        parts.append(f"{n} {kind} ({min(lengths)}-{max(lengths)} tokens)")
+    fix = ("raise task.max_prompt_tokens or set task.on_long_prompt=truncate"
+           if any("max_prompt_tokens" in k for k in skips) else
+           "use shorter prompts, a model with a longer context, or task.on_long_prompt=truncate")
+    total = sum(skips.values())
+    return f"no prompt was decoded: all {total} selected prompts were skipped: {'; '.join(parts)}; {fix}"
 
 
 def _devices(pair) -> list:

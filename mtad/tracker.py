@@ -36,7 +36,9 @@ MODES = ("online", "offline", "disabled")
 class TrackingConfig:
     """Config group ``tracking/``. ``mode: null`` picks "online" when a W&B API key is configured
     (``WANDB_API_KEY`` or a netrc entry for the W&B host) and "offline" otherwise; a ``WANDB_MODE``
-    environment variable, when set, wins over that guess. ``dir: null`` puts W&B files in the run directory."""
+    environment variable, when set, wins over that guess. ``dir: null`` puts W&B files in the run directory.
+    ``init_timeout_s`` bounds ``wandb.init`` (an unreachable server): after it the run goes on untracked and
+    its local row is written as always."""
 
     backend: str = "none"
     project: str = "mtad"
@@ -45,8 +47,11 @@ class TrackingConfig:
     dir: Optional[str] = None
     tags: List[str] = field(default_factory=list)
     group: Optional[str] = None
+    init_timeout_s: float = 15.0  # online: give up on an unreachable server after this (W&B's own: 90)
 
     def __post_init__(self) -> None:
+        if not self.init_timeout_s > 0:
+            raise ValueError(f"tracking.init_timeout_s={self.init_timeout_s!r} must be > 0 seconds")
         if self.backend not in BACKENDS:
             raise ValueError(f"tracking.backend={self.backend!r} is not one of {list(BACKENDS)}")
         if self.mode is not None and self.mode not in MODES:
@@ -157,7 +162,8 @@ class WandbTracker(Tracker):
         self.run = wandb.init(project=self.cfg.project, entity=self.cfg.entity, mode=self.mode,
                               dir=str(wandb_dir), name=name, group=self.cfg.group,
                               tags=list(self.cfg.tags) or None, config=dict(resolved_config),
-                              reinit="finish_previous")
+                              reinit="finish_previous",
+                              settings=wandb.Settings(init_timeout=float(self.cfg.init_timeout_s)))
         log.info("W&B run %s (%s) in %s", name, self.mode, wandb_dir)
 
     @_guard

@@ -202,7 +202,8 @@ def test_submitit_local_launcher_and_in_process_route_share_config_hashes(tmp_pa
     then recognises both rows (same config hashes) and runs nothing."""
     grid = ["experiment=quick", "decoder=greedy,mtad", "task=mt_bench", "task.n_prompts=1",
             "decoder.max_new_tokens=4", "warmup=0", f"results_dir={tmp_path / 'res'}"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
+           "PYTHONPATH": str(REPO_ROOT)}  # cwd is tmp_path: the jobs import this checkout's mtad
     done = subprocess.run([sys.executable, "-m", "mtad", "-m", "hydra/launcher=local", *grid,
                            f"hydra.sweep.dir={tmp_path / 'multirun'}"], check=False, cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)

@@ -35,7 +35,8 @@ def _cfg(tmp_path: Path, data_file: Path, *extra: str):
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true",
+           "PYTHONPATH": str(REPO_ROOT)}  # cwd is tmp_path: import this checkout's mtad
     return subprocess.run([sys.executable, "-m", "mtad", *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
 

@@ -104,6 +104,15 @@ def full_length_cache(config) -> DynamicCache:
     return cache
 
 
+class NonFiniteLogits(ValueError):
+    """A model returned NaN/inf logits: ``role`` (target/draft), its forward count and cache length."""
+
+    def __init__(self, role: str, forward: int, length: int):
+        super().__init__(f"the {role} model returned NaN/inf logits at decoding step {forward} (its forward "
+                         f"{forward} on this prompt, {length} tokens cached): check the {role} weights for NaN/inf "
+                         "or use a wider dtype (float16 overflows: try bfloat16 or float32)")
+
+
 class Session:
     """One model + its KV cache for one decode. ``role`` is 'target' or 'draft' (for forward counts)."""
 
@@ -135,7 +144,10 @@ class Session:
             self.stats.target_forwards += 1
         else:
             self.stats.draft_forwards += 1
-        return out.logits.float()  # (B, S', V)
+        logits = out.logits.float()  # (B, S', V)
+        if not torch.isfinite(logits).all():  # every decoder's logits pass here
+            raise NonFiniteLogits(self.role, getattr(self.stats, f"{self.role}_forwards"), len(self))
+        return logits
 
     def forward(self, new_ids: list[int], keep: int = 1) -> torch.Tensor:
         """Append ``new_ids`` to the linear part (batch 1); logits of the last ``keep`` positions (keep, V)."""

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from omegaconf import OmegaConf
 
 from mtad.paths import default_data_dir
-from mtad.tasks.records import hub_rows, iter_rows, parse_rows
+from mtad.tasks.records import SkippedRow, file_sha256, hub_dataset, hub_fingerprint, hub_rows, iter_rows, parse_rows
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,7 @@ class Prompt:
     skip_reason: str | None = None
     n_tokens: int = 0  # before truncation
     truncated: bool = False
+    skip_kind: str | None = None  # the skip reason without numbers that vary per prompt (for counting)
 
 
 TASKS: dict[str, type[Task]] = {}
@@ -149,7 +150,10 @@ class Task:
         self.cfg = TaskConfig.from_any(cfg)
         if self.cfg.few_shot and not self.supports_few_shot:
             raise ValueError(f"task {self.name!r} has no few-shot examples; set task.few_shot=0")
-        self.skipped = 0  # malformed rows skipped while loading
+        self.skipped = 0  # rows of the evaluated file skipped while loading (malformed, duplicate id)
+        self.skips: list[SkippedRow] = []  # those rows: location, kind, detail
+        self.sources: dict[str, str] = {}  # every data file / hub split read -> its content id
+        self.data_location: str | None = None  # the evaluated file (or hub split), for messages
         self.selected_ids: list[str] = []
         self._samples: list[Sample] | None = None
 
@@ -176,28 +180,81 @@ class Task:
              split: str | None = None, path: Path | None = None) -> list:
         """Parsed rows of the evaluated file (or hub split), or of ``split`` (few-shot pool) when given.
 
-        Malformed rows are reported with their location and skipped; those of the evaluated rows are
-        counted in ``self.skipped``.
+        Malformed rows are reported with their location and skipped. Of the evaluated rows, a row whose
+        sample id repeats an earlier row's is skipped too (the first one is kept, both locations logged),
+        so that per-prompt pairing across decoders never joins on an ambiguous id; both kinds are counted
+        in ``self.skipped`` / ``self.skips`` and end up in the result row's ``skip_reasons``. Every file
+        read is hashed into ``self.sources`` (the config hash covers the data's content).
         """
         if self.cfg.source == "hub":
-            rows = hub_rows(self.cfg.hub_id, self.cfg.hub_config, split or self.cfg.split)
+            hub_split = split or self.cfg.split
+            ds = hub_dataset(self.cfg.hub_id, self.cfg.hub_config, hub_split)
+            where = f"{self.cfg.hub_id}[{hub_split}]"
+            self.sources[f"hub:{where}"] = hub_fingerprint(self.cfg.hub_id, self.cfg.hub_config, hub_split, ds)
+            rows = hub_rows(self.cfg.hub_id, hub_split, ds)
         else:
-            rows = iter_rows(path or self.data_path(default_file, use_data_file=split is None))
-        items, skipped = parse_rows(rows, parse)
+            file = path or self.data_path(default_file, use_data_file=split is None)
+            where = str(file)
+            self.note_source(file)
+            rows = iter_rows(file)
+        parsed, skipped = parse_rows(rows, parse)
         if split is None:
-            self.skipped += skipped
-        return items
+            self.data_location = where
+            parsed, duplicates = _drop_duplicate_ids(parsed)
+            self.skips += skipped + duplicates
+            self.skipped += len(skipped) + len(duplicates)
+        return [item for _, item in parsed]
+
+    def note_source(self, path: Path) -> None:
+        """Record a local file the task reads (name -> sha256) for :meth:`data_fingerprint`."""
+        name, digest = Path(path).name, file_sha256(path)
+        while self.sources.get(name, digest) != digest:  # another file of the same name
+            name = f"{name}+"
+        self.sources[name] = digest
+
+    def data_fingerprint(self) -> dict[str, str]:
+        """Content ids of every data file this task reads (sha256 of local files by name; hub id, config,
+        split and dataset fingerprint for hub data), including few-shot pools. Goes into the config hash,
+        so editing a data file makes a rerun a new configuration."""
+        self.samples()
+        self.few_shot_pairs()
+        return dict(sorted(self.sources.items()))
+
+    def skip_counts(self) -> dict[str, int]:
+        """Rows skipped while loading, by kind: ``{"data row: missing field 'prompt'": 2, ...}``."""
+        counts: dict[str, int] = {}
+        for s in self.skips:
+            counts[f"data row: {s.kind}"] = counts.get(f"data row: {s.kind}", 0) + 1
+        return counts
 
     def load(self) -> list[Sample]:
         """Every well-formed sample of the evaluated split, in file order (subclasses implement)."""
         raise NotImplementedError
 
     def samples(self) -> list[Sample]:
-        """Load once, then select ``n_prompts`` samples; their ids are kept in ``selected_ids``."""
+        """Load once, then select ``n_prompts`` samples; their ids are kept in ``selected_ids``.
+
+        A file without one usable row is an error naming the file and the skipped rows' lines."""
         if self._samples is None:
-            self._samples = self._select(self.load())
+            loaded = self.load()
+            if not loaded and self.data_location is not None:
+                raise ValueError(self._no_rows_message())
+            self._samples = self._select(loaded)
             self.selected_ids = [s.id for s in self._samples]
         return list(self._samples)
+
+    def _no_rows_message(self) -> str:
+        if not self.skips:
+            return (f"task {self.name}: {self.data_location} holds no usable rows (empty, or none left by "
+                    f"task.categories): fix the data file or point task.data_file at the right one")
+        kinds = ", ".join(f"{n} {k.removeprefix('data row: ')}" for k, n in self.skip_counts().items())
+        loc = self.data_location
+        lines = ", ".join(s.where[len(loc):].lstrip(": ") if s.where.startswith(loc) else s.where
+                          for s in self.skips[:10])
+        more = f" and {len(self.skips) - 10} more" if len(self.skips) > 10 else ""
+        return (f"task {self.name}: no usable row in {self.data_location}: all {len(self.skips)} rows were "
+                f"skipped ({kinds}); fix the data file at {self.data_location}, lines/rows {lines}{more} "
+                f"(each is logged above with the reason)")
 
     def _select(self, rows: list[Sample]) -> list[Sample]:
         n = self.cfg.n_prompts or len(rows)
@@ -278,7 +335,8 @@ class Task:
                              f"task.max_prompt_tokens={limit}; raise the limit or set "
                              "task.on_long_prompt=skip|truncate")
         if self.cfg.on_long_prompt == "skip":
-            return Prompt(text, [], f"prompt has {n} tokens > max_prompt_tokens={limit}", n)
+            return Prompt(text, [], f"prompt has {n} tokens > max_prompt_tokens={limit}", n,
+                          skip_kind=f"longer than task.max_prompt_tokens={limit}")
         keep = ids[:1] + ids[n - limit + 1:] if bos_id is not None and ids[0] == bos_id else ids[n - limit:]
         return Prompt(text, keep, None, n, truncated=True)
 
@@ -299,6 +357,23 @@ class Task:
         """Mean of each key over the samples that carry it."""
         keys = sorted({k for s in scores for k in s})
         return {k: sum(s[k] for s in scores if k in s) / sum(1 for s in scores if k in s) for k in keys}
+
+
+def _drop_duplicate_ids(parsed: list[tuple[str, Any]]) -> tuple[list[tuple[str, Any]], list[SkippedRow]]:
+    """Keep the first row of every sample id; later rows with the same id are skipped and logged."""
+    first: dict[str, str] = {}
+    kept, dropped = [], []
+    for where, item in parsed:
+        sid = getattr(item, "id", None)
+        if isinstance(item, Sample) and sid in first:
+            detail = f"duplicate id: {sid!r} repeats the row at {first[sid]} (that first row is kept)"
+            log.warning("%s: row skipped: %s", where, detail)
+            dropped.append(SkippedRow(where, "duplicate id", detail))
+            continue
+        if isinstance(item, Sample):
+            first[sid] = where
+        kept.append((where, item))
+    return kept, dropped
 
 
 def cut_at(text: str, stops: Sequence[str]) -> str:

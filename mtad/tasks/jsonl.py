@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mtad.tasks.base import Sample, Task, register
-from mtad.tasks.records import need_str
+from mtad.tasks.records import BadField, need_str
 
 
 @register("jsonl")
@@ -17,18 +17,14 @@ class JsonlTask(Task):
     metric = "exact_match"
 
     def load(self) -> list[Sample]:
-        seen: set[str] = set()
-
-        def parse(row: dict, i: int) -> Sample:
+        def parse(row: dict, i: int) -> Sample:  # duplicate ids are dropped by Task.read
             sid = row["id"]
             if not isinstance(sid, (str, int)):
-                raise TypeError(f"id must be a string or integer, got {sid!r:.60}")
-            if str(sid) in seen:
-                raise ValueError(f"id {sid!r} repeats an earlier row")
+                raise BadField(f"id must be a string or integer, got {sid!r:.60}", "id not a string or integer")
             answer = row.get("answer")
             if answer is not None and not isinstance(answer, (str, int, float)):
-                raise TypeError(f"answer must be a string or number, got {type(answer).__name__}")
-            seen.add(str(sid))
+                raise BadField(f"answer must be a string or number, got {type(answer).__name__}",
+                               "answer not a string or number")
             return Sample(str(sid), [need_str(row, "prompt")], None if answer is None else str(answer))
 
         return self.read(None, parse)

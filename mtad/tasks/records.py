@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import csv
 import gzip
+import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -64,33 +66,82 @@ def _csv_rows(path: Path) -> Iterator[tuple[str, Any]]:
             yield f"{path}:{reader.line_num}", row
 
 
-def hub_rows(hub_id: str, config: str | None, split: str) -> Iterator[tuple[str, Any]]:
-    """Rows of a Hugging Face dataset (downloads unless HF_DATASETS_OFFLINE / a local cache)."""
+def hub_dataset(hub_id: str, config: str | None, split: str) -> Any:
+    """A Hugging Face dataset split (downloads unless HF_DATASETS_OFFLINE / a local cache)."""
     from datasets import load_dataset
 
-    ds = load_dataset(hub_id, config, split=split) if config else load_dataset(hub_id, split=split)
+    return load_dataset(hub_id, config, split=split) if config else load_dataset(hub_id, split=split)
+
+
+def hub_rows(hub_id: str, split: str, ds: Any) -> Iterator[tuple[str, Any]]:
+    """(location, row) for every row of a loaded hub dataset ``ds``."""
     for i, row in enumerate(ds):
         yield f"{hub_id}[{split}] row {i}", row
 
 
-def parse_rows(rows: Iterator[tuple[str, Any]], parse: Callable[[dict, int], T]) -> tuple[list[T], int]:
+def hub_fingerprint(hub_id: str, config: str | None, split: str, ds: Any) -> str:
+    """The identity of a hub split's content: id, config, split and the datasets library's fingerprint of
+    the loaded table (it changes with the downloaded revision); the row count when there is none."""
+    content = getattr(ds, "_fingerprint", None) or f"{len(ds)} rows"
+    return f"{hub_id}/{config or '-'}/{split}@{content}"
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 hex of a file's bytes (as stored, so a .gz file is hashed compressed)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class SkippedRow:
+    """A data row left out while loading: where it is, a short ``kind`` (counted in the result row's
+    ``skip_reasons``) and the full ``detail`` (logged)."""
+
+    where: str
+    kind: str
+    detail: str
+
+
+class BadField(TypeError):
+    """A field of a row is empty or of the wrong type (``kind`` names the field for the counts)."""
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def _kind(row: Any, err: Exception) -> str:
+    if isinstance(row, json.JSONDecodeError):
+        return "not valid JSON"
+    if isinstance(row, Exception):
+        return "unreadable row"
+    if isinstance(err, KeyError):
+        return f"missing field {err}"
+    return getattr(err, "kind", None) or "invalid value"
+
+
+def parse_rows(rows: Iterator[tuple[str, Any]], parse: Callable[[dict, int], T]
+               ) -> tuple[list[tuple[str, T]], list[SkippedRow]]:
     """Apply ``parse(row, index)`` to every row; malformed rows are logged with their location and skipped.
 
-    Returns the parsed items and the number skipped. ``parse`` signals a malformed row by raising
-    KeyError, ValueError or TypeError.
+    Returns the parsed items with their locations, and the skipped rows. ``parse`` signals a malformed row
+    by raising KeyError, ValueError or TypeError.
     """
-    out: list[T] = []
-    skipped = 0
+    out: list[tuple[str, T]] = []
+    skipped: list[SkippedRow] = []
     for index, (where, row) in enumerate(rows):
         try:
             if isinstance(row, Exception):  # unreadable line (JSON syntax, CSV field count)
                 raise row
             if not isinstance(row, dict):
                 raise TypeError(f"expected an object, got {type(row).__name__}")
-            out.append(parse(row, index))
+            out.append((where, parse(row, index)))
         except (KeyError, ValueError, TypeError) as err:  # JSONDecodeError is a ValueError
-            skipped += 1
             why = f"missing field {err}" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
+            skipped.append(SkippedRow(where, _kind(row, err), why))
             log.warning("%s: malformed row skipped (%s)", where, why)
     return out, skipped
 
@@ -99,5 +150,6 @@ def need_str(row: dict, key: str) -> str:
     """``row[key]`` as a non-empty string, else KeyError/TypeError naming the key."""
     value = row[key]
     if not isinstance(value, str) or not value.strip():
-        raise TypeError(f"field {key!r} must be a non-empty string, got {value!r:.60}")
+        raise BadField(f"field {key!r} must be a non-empty string, got {value!r:.60}",
+                       f"empty or non-string field {key!r}")
     return value

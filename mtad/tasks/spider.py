@@ -141,7 +141,11 @@ class Spider(Task):
             question, db_id = need_str(row, "question"), need_str(row, "db_id")
             return Sample(f"{split}-{i}", [question], need_str(row, "query"), {"db_id": db_id})
 
-        return self.read(f"{split}.json", parse)
+        samples = self.read(f"{split}.json", parse)
+        tables = self.data_dir() / self.subdir / "tables.json"
+        if tables.is_file():
+            self.note_source(tables)  # the schemas shape the prompts
+        return samples
 
     def schema(self, db_id: str) -> str:
         if self._schemas is None:

@@ -1,0 +1,191 @@
+"""Where a run writes: checks before any work, and removing only what a failed run created.
+
+- :func:`check_writable` / :func:`check_results_file`: before any model is loaded, the run directory and
+  the results file (and its ``.lock``) must be creatable and writable; otherwise a :class:`NotWritable`
+  (an ``OSError``) with one line naming the path and the fix. The checks leave nothing behind: a folder
+  is probed with a temporary file that is removed at once, and no folder or lock file is created.
+- :class:`RunDirGuard`: a Hydra callback (``hydra.callbacks`` in ``conf/config.yaml``). ``on_run_start``
+  runs before Hydra creates the run directory: it runs the checks (exit 2 with one line if they fail,
+  nothing written) and records what exists there (:class:`Snapshot`). When the run then fails on bad
+  input, :func:`remove_failed_run` removes only what this run created, and only when the run wrote no
+  results: a run directory that existed before (``hydra.run.dir=.``, an existing folder, the results
+  directory) keeps everything it held and loses only Hydra's files (``.hydra/``, the job log) that were
+  not there before; a fresh run directory holding only Hydra's files is removed with the empty parent
+  folders this run created. Without a snapshot (the callback not configured) nothing is removed.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+
+class NotWritable(OSError):
+    """A run's output path cannot be created or written (the message names the path and the fix)."""
+
+
+def run_uid() -> str:
+    """Six random hex digits: the ``${mtad.uid:}`` resolver, so that two jobs started in the same second
+    never share a run directory (cached per config by OmegaConf, like ``${now:}``, so a sweep's jobs agree)."""
+    return secrets.token_hex(3)
+
+
+# ------------------------------------------------------------------------------------------- checks
+def _nearest_existing(path: Path) -> Path:
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_writable(folder: str | Path, what: str, key: str) -> None:
+    """``folder`` exists as a writable folder, or can be created (its nearest existing ancestor is a
+    writable folder). ``what`` names it in the message, ``key`` is the setting that moves it."""
+    target = Path(folder).absolute()
+    probe = _nearest_existing(target)
+    if not probe.is_dir():
+        raise NotWritable(f"{what} {target} cannot be created: {probe} is a file, not a folder; "
+                          f"remove or rename {probe}, or set {key} to another folder")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=probe, prefix=".mtad-probe-")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as err:
+        raise NotWritable(f"{what} {target} cannot be written: creating a file in {probe} fails "
+                          f"({err.strerror or err}); set {key} to a writable folder") from None
+
+
+def check_results_file(path: str | Path) -> None:
+    """The results file and its ``.lock`` can be written: the folder as in :func:`check_writable`, and
+    each of the two, where it exists, is a regular file that opens for appending (unchanged)."""
+    path = Path(path).absolute()
+    check_writable(path.parent, "results folder", "results_dir")
+    for f in (path, path.with_name(path.name + ".lock")):
+        if not os.path.lexists(f):
+            continue
+        if not f.is_file():
+            raise NotWritable(f"results file {f} is not a regular file; remove it or set results_dir "
+                              "(or name) elsewhere")
+        try:
+            open(f, "ab").close()
+        except OSError as err:
+            raise NotWritable(f"results file {f} cannot be written ({err.strerror or err}); fix its "
+                              "permissions or set results_dir to a writable folder") from None
+
+
+# ------------------------------------------------------------------------------------------- snapshot
+@dataclass(frozen=True)
+class Snapshot:
+    """What existed at a run directory before Hydra created it."""
+
+    out: Path  # absolute run directory
+    existed: bool
+    entries: frozenset  # top-level names in ``out`` (when it existed)
+    hydra_entries: frozenset  # names inside ``out/<output_subdir>`` (when it existed)
+    created_parents: tuple  # ancestors that did not exist, nearest first
+
+
+_SNAPSHOTS: dict[str, Snapshot] = {}
+
+
+def snapshot(out: str | Path, output_subdir: Optional[str] = ".hydra") -> Snapshot:
+    out = Path(out).absolute()
+    existed = out.is_dir()
+    entries = frozenset(os.listdir(out)) if existed else frozenset()
+    sub = out / output_subdir if output_subdir else None
+    hydra_entries = frozenset(os.listdir(sub)) if existed and sub is not None and sub.is_dir() else frozenset()
+    parents, p = [], out.parent
+    while not os.path.lexists(p) and p != p.parent:
+        parents.append(p)
+        p = p.parent
+    snap = Snapshot(out, existed, entries, hydra_entries, tuple(parents))
+    _SNAPSHOTS[str(out)] = snap
+    return snap
+
+
+def remove_failed_run(out: str | Path, output_subdir: Optional[str], log_name: Optional[str]) -> list[Path]:
+    """Remove what this (failed) run created at ``out``: see the module docstring. Returns what went."""
+    out = Path(out).absolute()
+    snap = _SNAPSHOTS.get(str(out))
+    if snap is None or not out.is_dir():
+        return []
+    ours = {n for n in (output_subdir, log_name) if n}
+    new = set(os.listdir(out)) - snap.entries
+    if new - ours:  # the run wrote something of its own (samples, a saved row, W&B files): keep it all
+        return []
+    removed: list[Path] = []
+    if not snap.existed:
+        shutil.rmtree(out, ignore_errors=True)
+        removed.append(out)
+        for parent in snap.created_parents:
+            with contextlib.suppress(OSError):
+                parent.rmdir()  # only when empty
+                removed.append(parent)
+        return removed
+    for name in sorted(new):
+        shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+        removed.append(out / name)
+    sub = out / output_subdir if output_subdir else None
+    if output_subdir and output_subdir in snap.entries and sub.is_dir():
+        for name in sorted(set(os.listdir(sub)) - snap.hydra_entries):
+            (sub / name).unlink()
+            removed.append(sub / name)
+    return removed
+
+
+# ------------------------------------------------------------------------------------------- callback
+def _select(config: DictConfig, key: str) -> Any:
+    try:
+        return OmegaConf.select(config, key, throw_on_missing=False)
+    except Exception:  # noqa: BLE001 - e.g. ${hydra:...} before Hydra sets its config: no snapshot
+        return None
+
+
+def _results_file(config: DictConfig) -> Optional[Path]:
+    results_dir = _select(config, "results_dir")
+    name = _select(config, "name") or _select(config, "experiment") or "default"
+    return Path(str(results_dir)) / f"{name}.jsonl" if results_dir is not None else None
+
+
+def _fail(err: NotWritable) -> None:
+    print(f"mtad: error: {err}", file=sys.stderr)
+    sys.exit(2)
+
+
+class RunDirGuard(Callback):
+    """Checks the output paths before Hydra creates anything, and snapshots a single run's directory."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        out = _select(config, "hydra.run.dir")
+        try:
+            if out is not None:
+                check_writable(out, "run directory", "hydra.run.dir (or results_dir)")
+            results = _results_file(config)
+            if results is not None:
+                check_results_file(results)
+        except NotWritable as err:
+            _fail(err)
+        if out is not None:
+            snapshot(out, _select(config, "hydra.output_subdir"))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        out = _select(config, "hydra.sweep.dir")
+        try:
+            if out is not None:
+                check_writable(out, "sweep directory", "hydra.sweep.dir (or results_dir)")
+            results = _results_file(config)
+            if results is not None:
+                check_results_file(results)
+        except NotWritable as err:
+            _fail(err)
