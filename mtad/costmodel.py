@@ -1,6 +1,6 @@
 """A cost model that explains each measured speed: per-forward costs x each run's forward counts.
 
-``python -m mtad.costmodel profile model=<pair> [num_threads=1] [model.device=cuda] [--reps 5]`` measures,
+``python -m mtad.costmodel profile model=<pair> [num_threads=1] [model.device=cuda] [--reps 10]`` measures,
 once per hardware and model pair, what one forward pass costs for every shape the decoders use, and writes
 ``results/profiles/<hardware>-<pair>.json`` (:class:`Profile`):
 
@@ -71,13 +71,8 @@ class Profile:
                              f"draft (python -m mtad.costmodel profile model={self.pair})")
         if rows in curves:
             return _interp(curves[rows], new)
-        bs = sorted(curves)  # rows not measured: interpolate between the nearest measured row counts
-        lo = max([b for b in bs if b < rows], default=bs[0])
-        hi = min([b for b in bs if b > rows], default=bs[-1])
-        if lo == hi:
-            return _interp(curves[lo], new) * rows / lo
-        a, b = _interp(curves[lo], new), _interp(curves[hi], new)
-        return a + (b - a) * (rows - lo) / (hi - lo)
+        # rows not measured: linear in the row count through the measured ones (constant with only one)
+        return _interp([[b, _interp(curves[b], new)] for b in sorted(curves)], rows)
 
     def overhead(self, decoder: str | None) -> float:
         if not self.overhead_ms:
@@ -206,9 +201,9 @@ def measure_model(model, role: str, gamma: int, W: int, context: int, reps: int,
                   max_positions: int | None) -> dict[str, list[list[float]]]:
     """The cost curves of one model (see the module docstring), through the decoders' own Session calls.
     Shapes are timed in rounds (every shape once per round, ``reps`` rounds after a warm-up round), so a
-    change in the machine's load shifts every shape alike; a cost is the mean over the rounds **[choice: a
-    run's ms/token is a mean too, preemptions on a shared machine included; the median would leave them
-    out of the profile but not out of the runs]**."""
+    change in the machine's load shifts every shape alike; a cost is the 10 %-trimmed mean over the rounds
+    **[choice: a run's ms/token is a mean too, preemptions on a shared machine included; the median would
+    leave them out of the profile but not out of the runs]**."""
     import torch
 
     from mtad.decoding.kv import Session, Stats
@@ -255,8 +250,15 @@ def measure_model(model, role: str, gamma: int, W: int, context: int, reps: int,
                 times[i].append(1e3 * (time.perf_counter() - t0))
     costs: dict[str, list[list[float]]] = {}
     for (key, n, _), ts in zip(shapes, times):
-        costs.setdefault(key, []).append([n, statistics.fmean(ts)])
+        costs.setdefault(key, []).append([n, _trimmed_mean(ts)])
     return costs
+
+
+def _trimmed_mean(xs: Sequence[float], cut: float = 0.1) -> float:
+    """Mean without the lowest and highest ``cut`` share (one stray preemption does not decide a cost)."""
+    xs = sorted(xs)
+    k = int(len(xs) * cut)
+    return statistics.fmean(xs[k:len(xs) - k] if len(xs) > 2 * k else xs)
 
 
 def measure_overheads(pair, decoders: Sequence[str], context: int, new_tokens: int = 32) -> dict[str, float]:
@@ -281,7 +283,7 @@ def measure_overheads(pair, decoders: Sequence[str], context: int, new_tokens: i
 
 
 def measure(pair, hardware: str, num_threads: int | None, gamma: int = 4, W: int = 4, context: int = 128,
-            reps: int = 5, decoders: Sequence[str] | None = None) -> Profile:
+            reps: int = 10, decoders: Sequence[str] | None = None) -> Profile:
     """Measure a :class:`Profile` of a loaded pair (``gamma``/``W``: the widest verify and beam counts)."""
     import torch
 
@@ -318,7 +320,7 @@ def _compose(overrides: Sequence[str]):
         return compose("config", overrides=list(overrides))
 
 
-def profile_command(overrides: Sequence[str], out_dir: str | Path = PROFILE_DIR, reps: int = 5) -> Path:
+def profile_command(overrides: Sequence[str], out_dir: str | Path = PROFILE_DIR, reps: int = 10) -> Path:
     """Compose the config (Hydra overrides, e.g. ``model=smollm2 num_threads=1``), load the pair, measure,
     write the profile JSON; returns its path."""
     import torch
@@ -349,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     prof = sub.add_parser("profile", help="measure per-forward costs of a pair on this machine")
     prof.add_argument("--out", default=str(PROFILE_DIR), help="folder for the profile JSON (default results/profiles)")
-    prof.add_argument("--reps", type=int, default=5, help="timed repetitions per shape (median)")
+    prof.add_argument("--reps", type=int, default=10, help="timed rounds per shape (10 %%-trimmed mean)")
     prof.add_argument("overrides", nargs="*", help="Hydra overrides: model=smollm2 num_threads=1 model.device=cuda")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -139,7 +139,7 @@ def compose_job(job: Sequence[str]):
 
 def reproduce(experiment: str, overrides: Sequence[str] = (), tables_dir: str | Path | None = None,
               run_grid: bool = True, progress: bool = True, cost_profile: bool = True,
-              profile_reps: int = 5) -> Summary:
+              profile_reps: int = 10) -> Summary:
     """Run the preset's grid (resuming), measure the pair's cost profile if this machine has none
     (``cost_profile``), then write the tables. Returns what happened."""
     from mtad.runner import run
@@ -173,7 +173,7 @@ def reproduce(experiment: str, overrides: Sequence[str] = (), tables_dir: str | 
     return summary
 
 
-def ensure_cost_profile(job: Sequence[str], frame, out_dir: Path, reps: int = 5) -> Path | None:
+def ensure_cost_profile(job: Sequence[str], frame, out_dir: Path, reps: int = 10) -> Path | None:
     """Measure the cost profile of the job's pair on this machine into ``out_dir`` unless a profile there
     (or under the repository's results/profiles) already matches a row with forward counts."""
     from mtad.costmodel import find_profiles, profile_command

@@ -465,7 +465,8 @@ def claims(df, claim_list: Iterable[Claim] = CLAIMS) -> list[dict]:
         tasks = sorted({m["task"] for m, _, _, _ in ivs})
         hardware = sorted({str(x) for m, b, _, _ in ivs for x in (m.get("device_name"), b.get("device_name")) if x})
         out.append({"version": c.version, "claim": c.text, "paper": c.paper, "kind": c.kind,
-                    "ours": (fallback.point if fallback else agg.point) if ivs else None, "interval": agg if ivs else None, "fallback": fallback,
+                    "ours": (fallback.point if fallback else agg.point) if ivs else None,
+                    "interval": agg if ivs else None, "fallback": fallback,
                     "comparison": f"{c.method} vs {c.versus}: {_KIND_TEXT[c.kind]}", "n_cells": len(ivs),
                     "n": agg.n if ivs else 0, "missing": missing,
                     "pairs": pairs, "tasks": tasks, "hardware": hardware,
