@@ -8,7 +8,7 @@ seeds), so the unit that is resampled is always the prompt. :func:`scipy.stats.b
 resamples (``paired=True``: one index array shared by the method's and the baseline's arrays), with
 ``N_RESAMPLES`` resamples from the fixed seed ``SEED`` and the percentile method **[choice: BCa needs a
 jackknife per statistic and fails on the degenerate distributions that identical runs give]**, for a
-``CONFIDENCE`` interval.
+``CONFIDENCE`` interval; below ``MIN_PAIRS`` paired prompts there is no interval **[choice]**.
 
 Statistics are the same ratios of sums the tables print (METRICS): ms/token = sum of decode time / sum of
 tokens, perplexity = exp(-mean over prompts of the per-sample mean log-probability), score = mean score.
@@ -38,6 +38,7 @@ N_RESAMPLES = 2000
 SEED = 0
 CONFIDENCE = 0.95
 METHOD = "percentile"
+MIN_PAIRS = 5  # fewer paired prompts give no interval: a bootstrap of 2-4 points has only a handful of outcomes
 # comparison kind -> (no-change value, unit); ratios are "x", changes are percentages
 NO_CHANGE = {"speedup": 1.0, "energy_ratio": 1.0, "ppl_change": 0.0, "score_change": 0.0, "energy_saving": 0.0,
              "score_diff": 0.0, "run": float("nan")}
@@ -117,8 +118,9 @@ def bootstrap_interval(kind: str, method: Sequence[Sequence[float]], baseline: S
                          f"for the baseline ({fields}); got shapes {[a.shape for a in arrays]}")
     n = len(arrays[0])
     point = _finite(stat(*arrays))
-    if n < 2:
-        return Interval(point, None, None, n, kind, note=f"n = {n}: too few paired prompts for an interval")
+    if n < MIN_PAIRS:
+        return Interval(point, None, None, n, kind,
+                        note=f"n = {n} < {MIN_PAIRS}: too few paired prompts for a bootstrap interval")
     with warnings.catch_warnings(), np.errstate(all="ignore"):  # degenerate (identical) data is a valid case
         warnings.simplefilter("ignore")
         res = bootstrap(tuple(arrays), stat, n_resamples=n_resamples, paired=True, vectorized=True,
@@ -145,7 +147,7 @@ def run_interval(records: dict[tuple, dict] | None, field_name: str = "ppl", n_r
         return None
     stat, key = {"ppl": (_ppl, "mean_logprob"), "score": (np.mean, "score")}[field_name]
     x = np.array([r[key] for r in records.values() if r[key] is not None], dtype=float)
-    if len(x) < 2:
+    if len(x) < MIN_PAIRS:
         return Interval(float(stat(x)) if len(x) else None, None, None, len(x), "run")
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")

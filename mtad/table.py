@@ -784,7 +784,8 @@ def _uncertainty_note(df) -> list[str]:
 
     lines = [f"Intervals: 95 % paired bootstrap over prompts (pairs joined on prompt id and turn; seeds pooled "
              f"within a prompt), scipy.stats.bootstrap, {stats.N_RESAMPLES} resamples, {stats.METHOD} method, "
-             f"seed {stats.SEED}. n = prompts per cell (× seeds where several were pooled)."]
+             f"seed {stats.SEED}; no interval below {stats.MIN_PAIRS} paired prompts. n = prompts per cell "
+             "(× seeds where several were pooled)."]
     missing = missing_records(df)
     if missing:
         lines.append(f"{POINT_ONLY} point estimate only, no interval: {len(missing)} row(s) have no per-prompt "

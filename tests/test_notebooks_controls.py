@@ -1,6 +1,6 @@
 """The reviewers' controls in analysis.ipynb (quality against diversity, the fixed-threshold control) run on
 ``tests/fixtures/controls``: real rows of ``python -m mtad.reproduce --experiment quick_controls
-results_dir=tests/fixtures/controls task.n_prompts=3 decoder.max_new_tokens=8 --no-cost-profile`` with
+results_dir=tests/fixtures/controls decoder.max_new_tokens=8 --no-cost-profile`` with
 their run directories (``runs/<hash>/samples.jsonl``), so the plots carry bootstrap error bars."""
 from __future__ import annotations
 

@@ -206,9 +206,9 @@ def test_quick_profile_runs_renders_and_resumes(tmp_path, capsys):
 
 
 def test_controls_preset_renders_intervals_and_the_threshold_control(tmp_path):
-    """quick_controls with 2 prompts of 6 tokens: sampling at several T/top-p, mtad and threshold speculative
+    """quick_controls with 5 prompts of 6 tokens: sampling at several T/top-p, mtad and threshold speculative
     at several tau, each comparison with its paired interval and n."""
-    args = [f"results_dir={tmp_path}", "task.n_prompts=2", "decoder.max_new_tokens=6", "warmup=0"]
+    args = [f"results_dir={tmp_path}", "task.n_prompts=5", "decoder.max_new_tokens=6", "warmup=0"]
     s = reproduce.reproduce("quick_controls", args, progress=False)
     assert (s.ran, s.failed) == (12, [])
     md = (tmp_path / "tables" / "quick_controls.md").read_text()
@@ -217,9 +217,9 @@ def test_controls_preset_renders_intervals_and_the_threshold_control(tmp_path):
                   "speculative (tau=0.5, accept=lossless)"):
         assert f"| tiny | {label} |" in md
     quality = md[md.index("## Quality against sampling"):md.index("## Diversity")]
-    assert quality.count("] |") >= 10 and "| 2 |" in quality  # n = 2 paired prompts, intervals
+    assert quality.count("] |") >= 10 and "| 5 |" in quality  # n = 5 paired prompts, intervals
     claims = md[md.index("headline claims"):]
-    assert "at n = 2" in claims
+    assert "at n = 5" in claims
 
 
 @pytest.mark.slow

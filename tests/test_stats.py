@@ -68,10 +68,12 @@ def test_seeded_and_resample_count_stated():
 
 def test_too_few_prompts_or_bad_arrays():
     iv = stats.bootstrap_interval("score_diff", [[1.0]], [[0.0]])
-    assert iv.point == 1.0 and not iv.has_interval and "n = 1" in iv.note
+    assert iv.point == 1.0 and not iv.has_interval and "n = 1 < 5" in iv.note
+    four = stats.bootstrap_interval("score_diff", [[1.0, 0.0, 1.0, 1.0]], [[0.0, 0.0, 1.0, 0.0]])
+    assert four.point == pytest.approx(0.5) and not four.has_interval
     with pytest.raises(ValueError, match="paired 1-D arrays"):
         stats.bootstrap_interval("speedup", [[1.0, 2.0]], [[1.0, 2.0], [3.0, 4.0]])
-    undefined = stats.bootstrap_interval("score_change", [[1.0, 0.0, 1.0]], [[0.0, 0.0, 0.0]])
+    undefined = stats.bootstrap_interval("score_change", [[1.0, 0.0, 1.0, 1.0, 0.0]], [[0.0] * 5])
     assert not undefined.has_interval and undefined.point is None
 
 
