@@ -39,6 +39,7 @@ log = logging.getLogger("mtad.costmodel")
 PROFILE_DIR = Path("results") / "profiles"
 SEQ_EXTRA = (8, 16, 32, 64, 128, 256, 384, 512)  # prefill lengths, measured from an empty cache
 TREE_SIZES = (1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 40, 48, 64)
+MIN_SECONDS = 10.0  # cheap models get more rounds than `reps`: at least this long per model
 DECLARED_DRAFT_COST = 0.1  # c: a draft pass costs a tenth of a target pass (~ Llama-3.2-1B vs Llama-3.1-8B)
 _KEY = re.compile(r"^(target|draft):(seq|tree):(\d+)x(\d+)$")
 
@@ -200,7 +201,8 @@ def _sync(device) -> None:
 def measure_model(model, role: str, gamma: int, W: int, context: int, reps: int, vocab: int,
                   max_positions: int | None) -> dict[str, list[list[float]]]:
     """The cost curves of one model (see the module docstring), through the decoders' own Session calls.
-    Shapes are timed in rounds (every shape once per round, ``reps`` rounds after a warm-up round), so a
+    Shapes are timed in rounds (every shape once per round, ``reps`` rounds after a warm-up round, more
+    until ``MIN_SECONDS`` have passed, so that millisecond forwards are averaged over many rounds), so a
     change in the machine's load shifts every shape alike; a cost is the 10 %-trimmed mean over the rounds
     **[choice: a run's ms/token is a mean too, preemptions on a shared machine included; the median would
     leave them out of the profile but not out of the runs]**."""
@@ -240,7 +242,8 @@ def measure_model(model, role: str, gamma: int, W: int, context: int, reps: int,
             s.keep_path([])  # drop the nodes again
         shapes.append((f"{role}:tree:1", N, pass_))
     times: list[list[float]] = [[] for _ in shapes]
-    for r in range(reps + 1):  # round 0 warms up
+    start, r = time.perf_counter(), 0
+    while r <= reps or time.perf_counter() - start < MIN_SECONDS:  # round 0 warms up
         for i, (_, _, fn) in enumerate(shapes):
             _sync(device)
             t0 = time.perf_counter()
@@ -248,6 +251,7 @@ def measure_model(model, role: str, gamma: int, W: int, context: int, reps: int,
             _sync(device)
             if r:
                 times[i].append(1e3 * (time.perf_counter() - t0))
+        r += 1
     costs: dict[str, list[list[float]]] = {}
     for (key, n, _), ts in zip(shapes, times):
         costs.setdefault(key, []).append([n, _trimmed_mean(ts)])
