@@ -265,9 +265,10 @@ def _trimmed_mean(xs: Sequence[float], cut: float = 0.1) -> float:
     return statistics.fmean(xs[k:len(xs) - k] if len(xs) > 2 * k else xs)
 
 
-def measure_overheads(pair, decoders: Sequence[str], context: int, new_tokens: int = 32) -> dict[str, float]:
+def measure_overheads(pair, decoders: Sequence[str], context: int, new_tokens: int = 24,
+                      decodes: int = 2) -> dict[str, float]:
     """Harness ms per target forward of each decoder: (wall - time inside forwards) / target forwards,
-    pooled over two short decodes after a warm-up one."""
+    pooled over ``decodes`` short decodes after a warm-up one."""
     import torch
 
     from mtad.decoding import DecoderConfig, generate
@@ -280,7 +281,7 @@ def measure_overheads(pair, decoders: Sequence[str], context: int, new_tokens: i
         cfg = DecoderConfig(name=name, max_new_tokens=new_tokens, temperature=0.0 if name == "greedy" else 1.0,
                             eos_token_id=-1)
         rs = [generate(pair, prompt, cfg, torch.Generator(device=pair.device).manual_seed(seed))
-              for seed in range(3)][1:]  # the first decode is a warm-up
+              for seed in range(decodes + 1)][1:]  # the first decode is a warm-up
         harness = sum(max(0.0, r.wall_time_s - r.forward_time_s) for r in rs)
         out[name] = 1e3 * harness / max(sum(r.target_forwards for r in rs), 1)
     return out

@@ -423,17 +423,13 @@ def _aggregate(kind: str, values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-_STAT_KIND = {"ppl_change": "ppl_change", "score_change": "score_change", "speedup": "speedup",
-              "energy_ratio": "energy_ratio", "energy_saving": "energy_saving"}
-
-
 def _cell_interval(kind: str, m, b):
     """The cell's comparison as an Interval: bootstrapped from both rows' per-prompt records, else the
     row-level point estimate without an interval (note says why)."""
     from mtad import stats
 
     point = _per_cell(kind, m, b)
-    iv = stats.compare(_STAT_KIND[kind], m.get("records"), b.get("records"))
+    iv = stats.compare(kind, m.get("records"), b.get("records"))
     if iv is None:
         return stats.Interval(point, None, None, _int_or_none(m.get("n")) or 0, kind,
                               note="no per-prompt records"), False
@@ -844,7 +840,8 @@ def render_markdown(frame, title: str = "results", search: Sequence[str | Path] 
 # ------------------------------------------------------------------------------------------- LaTeX
 _TEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                 "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-                "×": r"$\times$", "—": "---", "–": "--", "−": "$-$", "τ": r"$\tau$", "γ": r"$\gamma$"}
+                "×": r"$\times$", "—": "---", "–": "--", "−": "$-$", "τ": r"$\tau$", "γ": r"$\gamma$",
+                "†": r"\textdagger{}", "‡": r"\textdaggerdbl{}", "Δ": r"$\Delta$", "·": r"$\cdot$"}
 
 
 def tex_escape(text: str) -> str:
