@@ -222,29 +222,30 @@ def measure_model(model, role: str, gamma: int, W: int, context: int, reps: int,
             s.expand(rows)
         return s
 
-    shapes = []  # (curve key, tokens, fn)
+    def nothing() -> None:
+        pass
+
+    shapes = []  # (curve key, tokens, untimed preparation, timed forward)
     seq = fresh()
     for n in range(1, gamma + 3):  # decode and verify widths at a context of `context` tokens
-        def step(s=seq, extra=ctx[1:n]):
-            s.sync(ctx)  # cache back to ctx[:-1]
-            s.forward([ctx[-1]] + extra)
-        shapes.append((f"{role}:seq:1", n, step))
+        shapes.append((f"{role}:seq:1", n, lambda s=seq: s.sync(ctx),  # cache back to ctx[:-1]
+                       lambda s=seq, ids=[ctx[-1]] + ctx[1:n]: s.forward(ids)))
     for n in SEQ_EXTRA:  # prefill of n tokens into an empty cache
         if n <= (max_positions or 10 ** 9):
             ids = (ctx * (n // len(ctx) + 1))[:n]
-            shapes.append((f"{role}:seq:1", n, lambda ids=ids: Session(model, Stats(), role).forward(ids)))
+            shapes.append((f"{role}:seq:1", n, nothing, lambda ids=ids: Session(model, Stats(), role).forward(ids)))
     for B in range(2, W + 1):  # one token in each of B beam rows
-        shapes.append((f"{role}:seq:{B}", 1, lambda s=fresh(B), tok=torch.tensor(ctx[:B]): s.forward_beams(tok)))
+        shapes.append((f"{role}:seq:{B}", 1, nothing,
+                       lambda s=fresh(B), tok=torch.tensor(ctx[:B]): s.forward_beams(tok)))
     tree = fresh()
     for N in (N for N in TREE_SIZES if N <= room):  # a star of N nodes below the last context token
-        def pass_(s=tree, nodes=ctx[:N]):
-            s.forward_tree(nodes, [len(s.ids) - 1] * len(nodes))
-            s.keep_path([])  # drop the nodes again
-        shapes.append((f"{role}:tree:1", N, pass_))
+        shapes.append((f"{role}:tree:1", N, lambda s=tree: s.keep_path([]),  # drop the last pass's nodes
+                       lambda s=tree, nodes=ctx[:N]: s.forward_tree(nodes, [len(s.ids) - 1] * len(nodes))))
     times: list[list[float]] = [[] for _ in shapes]
     start, r = time.perf_counter(), 0
     while r <= reps or time.perf_counter() - start < MIN_SECONDS:  # round 0 warms up
-        for i, (_, _, fn) in enumerate(shapes):
+        for i, (_, _, prep, fn) in enumerate(shapes):
+            prep()
             _sync(device)
             t0 = time.perf_counter()
             fn()
@@ -253,7 +254,7 @@ def measure_model(model, role: str, gamma: int, W: int, context: int, reps: int,
                 times[i].append(1e3 * (time.perf_counter() - t0))
         r += 1
     costs: dict[str, list[list[float]]] = {}
-    for (key, n, _), ts in zip(shapes, times):
+    for (key, n, _, _), ts in zip(shapes, times):
         costs.setdefault(key, []).append([n, _trimmed_mean(ts)])
     return costs
 
