@@ -10,10 +10,13 @@ import torch
 from mtad import costmodel
 from mtad.costmodel import Profile, declared_profile, predict
 
-# Stated tolerance of predicted vs measured ms/token on the tiny pair on a CPU: within a factor 1.6. The tiny
-# models' forwards take 1-5 ms, so a busy shared machine's preemptions (~5 ms each) move single figures a lot;
-# the negative control below is a factor of 3 or more away.
-TOLERANCE = 1.6
+# Stated tolerances on the tiny pair on a CPU. The cost model explains speed *ratios*: predicted ms/token of a
+# decoder relative to sampling's within a factor 1.5 of the measured ratio (decodes interleaved prompt by
+# prompt, so a change in the machine's load shifts every decoder alike). Absolute ms/token within a factor 3:
+# the profile is measured seconds before the decodes, and on a busy shared machine the load of the two moments
+# can differ by 2x (millisecond forwards, ~5 ms preemptions). The negative control is a factor 4 or more away.
+RATIO_TOLERANCE = 1.5
+ABSOLUTE_TOLERANCE = 3.0
 
 
 def _hand_profile() -> Profile:
@@ -60,12 +63,17 @@ def test_profile_json_round_trip_and_bad_files(tmp_path):
 
 
 def _decode(pair, names, prompts, tokens):
+    """Decode every prompt with every decoder, round-robin (prompt by prompt); per decoder (ms/token, forward
+    counts, tokens)."""
     from mtad.decoding import DecoderConfig, generate
 
+    results: dict = {name: [] for name in names}
+    for i, p in enumerate(prompts):
+        for name in names:
+            cfg = DecoderConfig(name=name, max_new_tokens=tokens, eos_token_id=-1)
+            results[name].append(generate(pair, p, cfg, torch.Generator().manual_seed(i)))
     out = {}
-    for name in names:
-        cfg = DecoderConfig(name=name, max_new_tokens=tokens, eos_token_id=-1)
-        rs = [generate(pair, p, cfg, torch.Generator().manual_seed(i)) for i, p in enumerate(prompts)]
+    for name, rs in results.items():
         calls: dict = {}
         for r in rs:
             for k, v in r.calls.items():
@@ -78,9 +86,14 @@ def _decode(pair, names, prompts, tokens):
     return out
 
 
+def _off(a: float, b: float) -> float:
+    return abs(math.log(a / b))
+
+
 def test_predicted_matches_measured_on_tiny_models(tmp_path):
-    """The profile CLI on the tiny pair, then decodes of three decoders: every predicted ms/token is within
-    TOLERANCE of the measured one. Negative control: another decoder's counts predict outside it."""
+    """The profile CLI on the tiny pair, then interleaved decodes of three decoders: each decoder's predicted
+    ms/token relative to sampling's matches the measured ratio (RATIO_TOLERANCE), and the absolute figures
+    agree within ABSOLUTE_TOLERANCE. Negative control: sampling's counts do not explain mtad's time."""
     torch.set_num_threads(1)
     assert costmodel.main(["profile", "model=tiny", "num_threads=1", "--reps", "10", "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("*-1t-tiny.json")
@@ -94,12 +107,16 @@ def test_predicted_matches_measured_on_tiny_models(tmp_path):
 
     pair = load_pair({"name": "tiny", "kind": "tiny"})
     g = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(3, 200, (120,), generator=g).tolist() for _ in range(3)]
+    prompts = [torch.randint(3, 200, (120,), generator=g).tolist() for _ in range(4)]
     runs = _decode(pair, ["sampling", "speculative", "mtad"], prompts, 48)
     assert _decode(pair, ["mmtad", "specinfer", "mtjd"], prompts[:1], 8)  # tree and beam shapes counted too
-    for name, (measured, calls, n) in runs.items():
-        predicted = predict(calls, n, prof, name)
-        assert abs(math.log(predicted / measured)) < math.log(TOLERANCE), (name, predicted, measured)
-    # negative control: sampling's counts (one target pass per token, no draft) do not explain mtad's time
-    wrong = predict(runs["sampling"][1], runs["sampling"][2], prof, "sampling")
-    assert abs(math.log(wrong / runs["mtad"][0])) > math.log(TOLERANCE)
+    predicted = {name: predict(calls, n, prof, name) for name, (_, calls, n) in runs.items()}
+    measured = {name: ms for name, (ms, _, _) in runs.items()}
+    for name in runs:
+        assert _off(predicted[name], measured[name]) < math.log(ABSOLUTE_TOLERANCE), (name, predicted, measured)
+    for name in ("speculative", "mtad"):
+        ratio_pred, ratio_meas = predicted[name] / predicted["sampling"], measured[name] / measured["sampling"]
+        assert _off(ratio_pred, ratio_meas) < math.log(RATIO_TOLERANCE), (name, ratio_pred, ratio_meas)
+    # negative control: sampling's counts (one target pass per token, no draft) predict mtad at sampling's speed
+    wrong = predict(runs["sampling"][1], runs["sampling"][2], prof, "sampling") / predicted["sampling"]
+    assert _off(wrong, measured["mtad"] / measured["sampling"]) > math.log(RATIO_TOLERANCE)
