@@ -2,7 +2,10 @@
 
 - ``sequence_logprobs`` / ``perplexity``: output perplexity under the RAW target (T = 1, no top-k/top-p),
   scored after the timed decode, never inside it.
-- ``run_metrics``: latency, block efficiency, acceptance and energy aggregated over the prompts of a run.
+- ``run_metrics``: latency, block efficiency, acceptance and energy aggregated over the prompts of a run,
+  and ``forward_calls`` (every forward's shape, summed; the cost model's counts, :mod:`mtad.costmodel`).
+- ``diversity``: distinct-1/2/3 over a run's outputs and the repeated-trigram rate per sample, so that a
+  lower perplexity that comes from repetitive text shows.
 
 Glossary for shape comments: B batch, T sequence, V vocab.
 """
@@ -97,9 +100,18 @@ def run_metrics(decode_results: Sequence[DecodeResult], gamma: Optional[int] = N
         "mean_accepted_length": sum(accepted) / len(accepted) if accepted and proposed else None,
         "per_position_acceptance": _per_position(rs, gamma) if proposed else None,
         "stop_eos": sum(r.stop_reason == "eos" for r in rs),
+        "forward_calls": _sum_calls(rs),
     }
     out.update(energy_metrics(energy, tokens))
     return out
+
+
+def _sum_calls(rs: Sequence[DecodeResult]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for r in rs:
+        for key, n in getattr(r, "calls", {}).items():
+            total[key] = total.get(key, 0) + n
+    return dict(sorted(total.items()))
 
 
 def _per_position(rs: Sequence[DecodeResult], gamma: Optional[int]) -> list[Optional[float]]:
@@ -126,3 +138,40 @@ def energy_metrics(energy: EnergyReading | Iterable[EnergyReading] | None, token
     return {"energy_j": j, "energy_j_per_token": j / tokens if j is not None and tokens else None,
             "energy_source": reading.source, "energy_reason": reading.reason,
             "energy_per_device_j": dict(reading.per_device)}
+
+
+# ------------------------------------------------------------------------------------------- diversity
+DISTINCT_N = (1, 2, 3)
+REPEAT_N = 3
+
+
+def _units(output: Any) -> list:
+    """A text is split on whitespace (words); a sequence of token ids is used as it is."""
+    return output.split() if isinstance(output, str) else list(output)
+
+
+def ngrams(units: Sequence, n: int) -> list[tuple]:
+    return [tuple(units[i:i + n]) for i in range(len(units) - n + 1)]
+
+
+def distinct_n(outputs: Iterable[Any], n: int) -> float | None:
+    """distinct-n (Li et al. 2016) over a run: distinct n-grams / all n-grams, pooled over the outputs
+    (an n-gram shared by two outputs counts once). None when no output is n units long."""
+    grams = [g for o in outputs for g in ngrams(_units(o), n)]
+    return len(set(grams)) / len(grams) if grams else None
+
+
+def repeated_ngram_rate(output: Any, n: int = REPEAT_N) -> float | None:
+    """Share of one output's n-grams that repeat an n-gram seen earlier in the same output
+    (1 - distinct/total within the sample; seq-rep-n of Welleck et al. 2020). None when shorter than n."""
+    grams = ngrams(_units(output), n)
+    return 1 - len(set(grams)) / len(grams) if grams else None
+
+
+def diversity(outputs: Sequence[Any]) -> dict:
+    """``distinct_1/2/3`` over the run's outputs (texts split on whitespace, or token-id sequences) and
+    ``rep_3`` = the mean over samples of :func:`repeated_ngram_rate` (samples shorter than 3 left out)."""
+    out: dict = {f"distinct_{n}": distinct_n(outputs, n) for n in DISTINCT_N}
+    reps = [r for o in outputs if (r := repeated_ngram_rate(o, REPEAT_N)) is not None]
+    out[f"rep_{REPEAT_N}"] = sum(reps) / len(reps) if reps else None
+    return out

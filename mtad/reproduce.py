@@ -9,9 +9,14 @@ invocation only renders the tables. A run that fails is reported and the sweep g
 1 when any run failed), unless the first three runs fail with one message (a missing draft or data set):
 then every run would, and the sweep stops with that message (exit status 2).
 
-Profiles: ``quick`` (tiny random pair, minutes; tests and CI), ``cpu`` (the embedded SmolLM2 pair, about an
-hour on 2 cores), ``paper`` (the paper's pairs; GPUs). ``--experiment tau|gamma|beam_width`` runs an
-ablation preset instead, with the ``speculative`` baseline run its speed-up column needs. Runs launched
+Profiles: ``quick`` (tiny random pair, minutes; tests and CI: the ``quick`` grid and the reviewers' controls
+``quick_controls``), ``cpu`` (the embedded SmolLM2 pair: the claims' comparisons, sampling / speculative / mtad
+on two tasks with 30 prompts each, under an hour on 2 cores), ``cpu_full`` (every decoder on four tasks, 30
+prompts: about four hours), ``paper`` (the paper's pairs; GPUs). ``--experiment tau|gamma|beam_width|
+temperature`` runs an ablation or control preset instead, with the extra runs its table needs
+(:data:`EXTRA_RUNS`). Before rendering, a cost profile of the pair on this machine
+(:mod:`mtad.costmodel`) is measured into ``<results_dir>/profiles/`` unless one exists
+(``--no-cost-profile`` skips it), so the tables can show the predicted ms/token. Runs launched
 elsewhere (``python -m mtad -m experiment=<name> hydra/launcher=slurm``) have the same config hashes, so
 ``--render-only`` tabulates them and a later invocation here only fills the gaps. Trailing ``key=value``
 arguments are Hydra overrides for every run (``results_dir=...``, ``task.n_prompts=4``, ``name=...``).
@@ -27,10 +32,21 @@ from pathlib import Path
 
 log = logging.getLogger("mtad.reproduce")
 
-PROFILES = {"quick": "quick", "cpu": "cpu_table", "paper": "paper_table"}
-# Extra runs a preset's table needs but its grid cannot express (a Hydra grid is a Cartesian product):
-# the speed-up baseline of the ablations that sweep only MTAD settings.
-BASELINES = {"tau": ["decoder=speculative"], "beam_width": ["decoder=speculative"]}
+PROFILES = {"quick": ("quick", "quick_controls"), "cpu": ("cpu_table",), "cpu_full": ("cpu_full",),
+            "paper": ("paper_table",)}
+# Extra runs a preset's table needs but its grid cannot express (a Hydra grid is a Cartesian product), each
+# a list of overrides (sweeps allowed): the speed-up baseline of the ablations that sweep only MTAD settings,
+# and the reviewers' controls beside the temperature sweep (MTAD at several tau, speculative with a fixed
+# per-token threshold at the same tau, sampling at several top-p, the lossless speculative baseline).
+_TAUS = "0.1,0.3,0.5,0.7,0.9"
+EXTRA_RUNS = {
+    "tau": [["decoder=speculative"]],
+    "beam_width": [["decoder=speculative"]],
+    "temperature": [["decoder=sampling", "decoder.top_p=0.7,1.0"], ["decoder=mtad", f"decoder.tau={_TAUS}"],
+                    ["decoder=speculative_threshold", f"decoder.tau={_TAUS}"], ["decoder=speculative"]],
+    "quick_controls": [["decoder=sampling", "decoder.top_p=0.7,1.0"], ["decoder=mtad", "decoder.tau=0.1,0.5,0.9"],
+                       ["decoder=speculative_threshold", "decoder.tau=0.1,0.5,0.9"], ["decoder=speculative"]],
+}
 
 
 @dataclass
@@ -68,7 +84,7 @@ def grid(experiment: str, overrides: Sequence[str] = ()) -> list[list[str]]:
     jobs = _product(parser, swept + user)
     # Baselines keep every setting but the swept decoder ones (e.g. decoder.tau) and the decoder itself.
     drop = {k for k in params if k.lstrip("+~").startswith("decoder")}
-    for extra in ([BASELINES[experiment]] if experiment in BASELINES else []):
+    for extra in EXTRA_RUNS.get(experiment, []):
         drop_all = drop | {_key(parser, e) for e in extra}
         kept = [o for o in swept + user if _key(parser, o) not in drop_all]
         jobs += _product(parser, kept + extra)
@@ -122,8 +138,10 @@ def compose_job(job: Sequence[str]):
 
 
 def reproduce(experiment: str, overrides: Sequence[str] = (), tables_dir: str | Path | None = None,
-              run_grid: bool = True, progress: bool = True) -> Summary:
-    """Run the preset's grid (resuming), then write the tables. Returns what happened."""
+              run_grid: bool = True, progress: bool = True, cost_profile: bool = True,
+              profile_reps: int = 10) -> Summary:
+    """Run the preset's grid (resuming), measure the pair's cost profile if this machine has none
+    (``cost_profile``), then write the tables. Returns what happened."""
     from mtad.runner import run
 
     jobs = grid(experiment, overrides)
@@ -147,9 +165,29 @@ def reproduce(experiment: str, overrides: Sequence[str] = (), tables_dir: str | 
     from mtad.results import load_frame
     from mtad.table import write_tables
 
+    frame = load_frame(results_file)
+    if cost_profile and run_grid:
+        ensure_cost_profile(jobs[0], frame, Path(first.results_dir) / "profiles", profile_reps)
     out = Path(tables_dir) if tables_dir is not None else Path(first.results_dir) / "tables"
-    summary.tables = write_tables(load_frame(results_file), out, summary.experiment)
+    summary.tables = write_tables(frame, out, summary.experiment, search=[results_file.parent])
     return summary
+
+
+def ensure_cost_profile(job: Sequence[str], frame, out_dir: Path, reps: int = 10) -> Path | None:
+    """Measure the cost profile of the job's pair on this machine into ``out_dir`` unless a profile there
+    (or under the repository's results/profiles) already matches a row with forward counts."""
+    from mtad.costmodel import find_profiles, profile_command
+    from mtad.paths import REPO_ROOT
+
+    if not any(c.startswith("metrics.forward_calls.") for c in frame.columns):
+        return None  # rows from before forward counts were recorded: nothing to predict
+    profiles = find_profiles([out_dir, REPO_ROOT / "results" / "profiles"])
+    rows = frame[[c for c in ("device_name", "model.name", "num_threads") if c in frame.columns]].drop_duplicates()
+    if all(any(p.matches(r.get("device_name"), r.get("model.name"), r.get("num_threads")) for p in profiles)
+           for _, r in rows.iterrows()):
+        return None
+    log.info("measuring the cost profile of this machine and pair (python -m mtad.costmodel profile ...)")
+    return profile_command([o for o in job], out_dir, reps)
 
 
 ABORT_AFTER = 3  # identical failures, with nothing done yet, that stop the sweep
@@ -205,13 +243,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mtad.reproduce", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", choices=sorted(PROFILES), default="cpu",
-                   help="quick: tiny pair, minutes; cpu: embedded SmolLM2 pair, ~1 h on 2 cores; paper: GPUs")
+                   help="quick: tiny pair, minutes; cpu: embedded SmolLM2 pair, <1 h on 2 cores; cpu_full: ~4 h; "
+                        "paper: GPUs")
     p.add_argument("--experiment", default=None,
                    help="run this conf/experiment preset instead of the profile's (e.g. tau, gamma, beam_width)")
     p.add_argument("--tables-dir", default=None, help="where the .md/.tex go (default: <results_dir>/tables)")
     p.add_argument("--render-only", action="store_true", help="do not run anything; render the existing rows")
     p.add_argument("--list", action="store_true", help="print the runs of the grid and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-cost-profile", action="store_true",
+                   help="do not measure a cost profile when this machine has none (no predicted ms/token)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. results_dir=out task.n_prompts=4")
     return p.parse_args(argv)
 
@@ -220,25 +261,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("mtad.energy").setLevel(logging.WARNING)  # the source is in every row; once per prompt is noise
-    experiment = args.experiment or PROFILES[args.profile]
+    experiments = (args.experiment,) if args.experiment else PROFILES[args.profile]
+    done = []
     try:
         if args.list:
-            for job in grid(experiment, args.overrides):
-                print(" ".join(job))
+            for experiment in experiments:
+                for job in grid(experiment, args.overrides):
+                    print(" ".join(job))
             return 0
         from tqdm.contrib.logging import logging_redirect_tqdm
 
         with logging_redirect_tqdm():
-            s = reproduce(experiment, args.overrides, args.tables_dir, run_grid=not args.render_only,
-                          progress=not args.no_progress)
+            for experiment in experiments:
+                done.append(reproduce(experiment, args.overrides, args.tables_dir, run_grid=not args.render_only,
+                                      progress=not args.no_progress, cost_profile=not args.no_cost_profile))
     except (ValueError, FileNotFoundError) as err:
         print(f"mtad.reproduce: error: {err}", file=sys.stderr)
         return 2
-    print(f"{s.experiment}: {s.ran} runs done, {s.skipped} already had a row, {len(s.failed)} failed; "
-          f"rows in {s.results_file}; tables {' and '.join(str(t) for t in s.tables)}")
-    for job, msg in s.failed:
-        print(f"  failed: {' '.join(job)}: {msg}", file=sys.stderr)
-    return 1 if s.failed else 0
+    for s in done:
+        print(f"{s.experiment}: {s.ran} runs done, {s.skipped} already had a row, {len(s.failed)} failed; "
+              f"rows in {s.results_file}; tables {' and '.join(str(t) for t in s.tables)}")
+        for job, msg in s.failed:
+            print(f"  failed: {' '.join(job)}: {msg}", file=sys.stderr)
+    return 1 if any(s.failed for s in done) else 0
 
 
 if __name__ == "__main__":

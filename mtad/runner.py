@@ -27,7 +27,7 @@ from mtad.config import experiment_name
 from mtad.decoding import DecoderConfig, PromptTooLong, generate
 from mtad.energy import EnergyMeter, combine_readings
 from mtad.loading import ModelConfig, load_pair, resolve_local
-from mtad.metrics import perplexity, run_metrics, sequence_logprobs
+from mtad.metrics import diversity, perplexity, run_metrics, sequence_logprobs
 from mtad.results import ResultRow, append_row, config_hash, existing_hashes, to_json_line, write_jsonl_atomic
 from mtad.rundir import check_results_file, check_writable
 from mtad.tasks.base import TaskConfig, get_task
@@ -210,6 +210,7 @@ def _finish(resolved, dec, mcfg, tcfg, task, pair, rows, decodes, logps, scores,
         raise ValueError(nothing_decoded(rows, skips))
     metrics = run_metrics(decodes, gamma=dec.gamma, energy=combine_readings(readings))
     metrics.update(perplexity(logps) if logps else {})
+    metrics.update(diversity([r["output_ids"] for r in rows if "output_ids" in r]))  # over output token ids
     if task.metric:
         metrics["score"] = {k: v for k, v in task.aggregate(scores).items()}
         metrics["score_name"] = task.metric

@@ -151,3 +151,32 @@ def test_run_metrics_per_prompt_energy_windows_and_gamma_checks():
     assert run_metrics(rs, gamma=5)["per_position_acceptance"][-1] is None  # never proposed
     with pytest.raises(ValueError, match="gamma"):
         run_metrics(rs, gamma=2)
+
+
+# ------------------------------------------------------------------------------------------- diversity
+def test_distinct_n_on_hand_written_texts():
+    from mtad.metrics import distinct_n, diversity, repeated_ngram_rate
+
+    texts = ["the cat sat on the mat", "the cat ran"]
+    # unigrams: the cat sat on the mat the cat ran -> 9 in all, distinct {the, cat, sat, on, mat, ran} = 6
+    assert distinct_n(texts, 1) == pytest.approx(6 / 9)
+    # bigrams: (the cat)(cat sat)(sat on)(on the)(the mat) + (the cat)(cat ran): 7, distinct 6
+    assert distinct_n(texts, 2) == pytest.approx(6 / 7)
+    assert distinct_n(texts, 3) == pytest.approx(5 / 5)  # 4 + 1 trigrams, all different
+    assert distinct_n(["a b"], 3) is None
+    # a looping sample: "a b c a b c a b c" has 7 trigrams, 3 distinct -> 4/7 repeat an earlier one
+    assert repeated_ngram_rate("a b c a b c a b c", 3) == pytest.approx(4 / 7)
+    assert repeated_ngram_rate("one two three four", 3) == 0.0 and repeated_ngram_rate("too short", 3) is None
+    d = diversity(["a b c a b c a b c", "x y z w", "hi"])
+    assert d["rep_3"] == pytest.approx((4 / 7 + 0.0) / 2)  # "hi" has no trigram: left out
+    assert d["distinct_1"] == pytest.approx(8 / 14)
+    # token ids work the same way as words
+    assert diversity([[1, 2, 3, 1, 2, 3, 1, 2, 3]])["rep_3"] == pytest.approx(4 / 7)
+    # negative control: repetitive text scores lower on distinct-2 than varied text of the same length
+    assert distinct_n(["go go go go go go"], 2) < distinct_n(["we go to the big city"], 2)
+
+
+def test_run_metrics_sum_forward_shapes():
+    rs = two_speculative_results()
+    rs[0].calls, rs[1].calls = {"target:seq:1x5": 2, "draft:seq:1x1": 8}, {"target:seq:1x5": 1}
+    assert run_metrics(rs)["forward_calls"] == {"draft:seq:1x1": 8, "target:seq:1x5": 3}

@@ -76,6 +76,14 @@ def test_grids_expand_like_hydra_with_baselines_and_overrides():
     assert len(tau) == 10 and tau[0][0] == "experiment=tau"
     assert sum("decoder=mtad" in j for j in tau) == 9 and ["experiment=tau", "decoder=speculative"] in tau
     assert len(reproduce.grid("quick")) == 21 and len(reproduce.grid("gamma")) == 16
+    assert len(reproduce.grid("cpu_table")) == 6 and len(reproduce.grid("cpu_full")) == 28
+    # the controls: sampling at 4 temperatures and 2 more top-p, mtad and threshold speculative at 5 tau, baseline
+    temperature = reproduce.grid("temperature")
+    assert len(temperature) == 17 and len(reproduce.grid("quick_controls")) == 12
+    assert sum("decoder=speculative_threshold" in j for j in temperature) == 5
+    assert ["experiment=temperature", "decoder=speculative_threshold", "decoder.tau=0.3"] in temperature
+    assert ["experiment=temperature", "decoder=speculative"] in temperature
+    assert not any("decoder.temperature=0.3" in j for j in temperature if "decoder=mtad" in j)
     paper = reproduce.grid("paper_table")
     assert len(paper) == 6 * 7 * 4
     # an override replaces the preset's sweep of the same key; the baseline keeps non-decoder overrides
@@ -107,7 +115,9 @@ def test_tables_written_from_fixture_and_speedup_joins_rows_on_fields(tmp_path):
     # the joined figure is what the markdown shows for that row
     df = table.prepare(load_frame(FIXTURE))
     row = df[(df.variant == "mtad (gamma=4, beam_width=4, tau=0.5)") & (df.task == "gsm8k")].iloc[0]
-    assert f"| {row.ms_per_token:.1f} | {row.speedup:.2f}× |" in text
+    # the fixture has no run directories and no forward counts: a point estimate (†), no prediction
+    assert f"| 2 | {row.ms_per_token:.1f} | — | {row.speedup:.2f}×† |" in text
+    assert "31 row(s) have no per-prompt records" in text
 
 
 def test_baseline_join_needs_equal_fields_and_ignores_row_order():
@@ -182,11 +192,34 @@ def test_quick_profile_runs_renders_and_resumes(tmp_path, capsys):
     md = (tmp_path / "res" / "tables" / "quick.md").read_text()
     assert (tmp_path / "res" / "tables" / "quick.tex").is_file()
     assert "| tiny | speculative | " in md and "1.00×" in md and "| tiny | mmtad | " in md
+    assert "predicted ms/token" in md and "projected speed-up vs speculative‡" in md
+    assert "n = 1 (interval" not in md and "not significant" not in md  # one prompt: no interval is invented
+    # every run recorded its forward counts and diversity; a cost profile of this machine exists (or was made)
+    df = table.prepare(load_frame(tmp_path / "res" / "quick.jsonl"), search=[tmp_path / "res"])
+    assert df.predicted_ms.notna().all() and df.proj_speedup.notna().all()
+    assert df.distinct_1.notna().all() and df.records.notna().all()
     t0 = time.perf_counter()
-    assert reproduce.main(["--profile", "quick", "--no-progress", *args]) == 0
+    assert reproduce.main(["--experiment", "quick", "--no-progress", *args]) == 0
     assert "0 runs done, 21 already had a row, 0 failed" in capsys.readouterr().out
     assert len(load_results(tmp_path / "res" / "quick.jsonl")) == 21
     assert time.perf_counter() - t0 < 90
+
+
+def test_controls_preset_renders_intervals_and_the_threshold_control(tmp_path):
+    """quick_controls with 5 prompts of 6 tokens: sampling at several T/top-p, mtad and threshold speculative
+    at several tau, each comparison with its paired interval and n."""
+    args = [f"results_dir={tmp_path}", "task.n_prompts=5", "decoder.max_new_tokens=6", "warmup=0"]
+    s = reproduce.reproduce("quick_controls", args, progress=False)
+    assert (s.ran, s.failed) == (12, [])
+    md = (tmp_path / "tables" / "quick_controls.md").read_text()
+    for label in ("sampling (temperature=0.5, top_p=0.9)", "sampling (temperature=1, top_p=0.7)",
+                  "mtad (tau=0.1)", "speculative (tau=0.9, accept=threshold)",
+                  "speculative (tau=0.5, accept=lossless)"):
+        assert f"| tiny | {label} |" in md
+    quality = md[md.index("## Quality against sampling"):md.index("## Diversity")]
+    assert quality.count("] |") >= 10 and "| 5 |" in quality  # n = 5 paired prompts, intervals
+    claims = md[md.index("headline claims"):]
+    assert "at n = 5" in claims
 
 
 @pytest.mark.slow

@@ -180,4 +180,4 @@ def generate(models, prompt_ids, cfg=None, rng: torch.Generator | None = None, *
         tokens=run.tokens[run.prompt_len:], stop_reason=run.stop_reason or "max_new_tokens",
         target_forwards=s.target_forwards, draft_forwards=s.draft_forwards, accepted=s.accepted,
         proposed=s.proposed, position_accepts=s.position_accepts, position_proposals=s.position_proposals,
-        wall_time_s=wall, forward_time_s=s.forward_time_s)
+        wall_time_s=wall, forward_time_s=s.forward_time_s, calls=dict(s.calls))

@@ -50,6 +50,12 @@ class Stats:
     proposed: list[int] = field(default_factory=list)
     position_accepts: list[int] = field(default_factory=list)
     position_proposals: list[int] = field(default_factory=list)
+    # forward shapes for the cost model (mtad.costmodel): "<role>:<seq|tree>:<rows>x<new tokens>" -> count
+    calls: dict[str, int] = field(default_factory=dict)
+
+    def count_call(self, role: str, kind: str, rows: int, new: int) -> None:
+        key = f"{role}:{kind}:{rows}x{new}"
+        self.calls[key] = self.calls.get(key, 0) + 1
 
     def record(self, proposed: int, accepted: int) -> None:
         """One speculative iteration: ``proposed`` draft positions, the first ``accepted`` of them kept."""
@@ -144,6 +150,7 @@ class Session:
             self.stats.target_forwards += 1
         else:
             self.stats.draft_forwards += 1
+        self.stats.count_call(self.role, "tree" if "position_ids" in kw else "seq", *input_ids.shape)
         logits = out.logits.float()  # (B, S', V)
         if not torch.isfinite(logits).all():  # every decoder's logits pass here
             raise NonFiniteLogits(self.role, getattr(self.stats, f"{self.role}_forwards"), len(self))

@@ -1,0 +1,374 @@
+"""A cost model that explains each measured speed: per-forward costs x each run's forward counts.
+
+``python -m mtad.costmodel profile model=<pair> [num_threads=1] [model.device=cuda] [--reps 10]`` measures,
+once per hardware and model pair, what one forward pass costs for every shape the decoders use, and writes
+``results/profiles/<hardware>-<pair>.json`` (:class:`Profile`):
+
+- target and draft, one row, ``S`` new tokens: S = 1..gamma+2 (decode and verify widths) and prompt
+  lengths up to 512 (prefill, from an empty cache);
+- one new token in each of ``B`` rows (beams in the batch dimension), B = 1..W;
+- a token tree of ``N`` nodes in one pass (MMTAD, SpecInfer, MTJD exhaustive), N up to 64;
+- the harness time outside forwards (filtering, drawing, acceptance), per target forward, per decoder,
+  from a short decode of each decoder.
+
+Decode-width costs are measured at a fixed context (``context_tokens``, stated in the profile); the
+cost of a shape between measured points is interpolated linearly (and extrapolated from the last two).
+
+Every run records its forward shapes (``metrics.forward_calls``: ``"<role>:<seq|tree>:<rows>x<new>"`` ->
+count, :class:`mtad.decoding.kv.Stats`), which do not depend on the hardware. :func:`predict` turns them into
+ms/token under a profile: under the profile of the hardware the run was measured on this is the *predicted*
+figure beside the measured one; under another profile (a GPU's, or :func:`declared_profile`, "a target pass
+of any width = 1 step, a draft pass = c steps") it is a **projection**, never a measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+log = logging.getLogger("mtad.costmodel")
+
+PROFILE_DIR = Path("results") / "profiles"
+SEQ_EXTRA = (8, 16, 32, 64, 128, 256, 384, 512)  # prefill lengths, measured from an empty cache
+TREE_SIZES = (1, 2, 4, 8, 12, 16, 20, 24, 28, 32, 40, 48, 64)
+MIN_SECONDS = 10.0  # cheap models get more rounds than `reps`: at least this long per model
+DECLARED_DRAFT_COST = 0.1  # c: a draft pass costs a tenth of a target pass (~ Llama-3.2-1B vs Llama-3.1-8B)
+_KEY = re.compile(r"^(target|draft):(seq|tree):(\d+)x(\d+)$")
+
+
+@dataclass
+class Profile:
+    """Per-forward costs of one (hardware, pair). ``costs_ms["<role>:<kind>:<rows>"]`` is a list of
+    ``[new tokens, ms]`` sorted by tokens; ``overhead_ms`` is harness time per target forward per decoder."""
+
+    hardware: str
+    pair: str
+    costs_ms: dict[str, list[list[float]]]
+    overhead_ms: dict[str, float] = field(default_factory=dict)
+    num_threads: int | None = None
+    context_tokens: int = 128
+    reps: int = 0
+    measured: str = ""  # UTC time of the measurement; "" for a declared profile
+    kind: str = "measured"  # measured | declared
+    unit: str = "ms"  # "step" for a declared profile
+    note: str = ""
+
+    # ---- lookup ---------------------------------------------------------------------------------
+    def cost(self, role: str, kind: str, rows: int, new: int) -> float:
+        """Cost of one forward of ``rows`` x ``new`` tokens (a tree: 1 x N nodes)."""
+        curves = {int(k.rsplit(":", 1)[1]): v for k, v in self.costs_ms.items() if k.startswith(f"{role}:{kind}:")}
+        if kind == "tree" and not curves:  # no tree curve: a tree pass of N nodes costs a pass of N tokens
+            curves = {int(k.rsplit(":", 1)[1]): v for k, v in self.costs_ms.items() if k.startswith(f"{role}:seq:")}
+        if not curves:
+            raise ValueError(f"profile {self.hardware}/{self.pair} has no {role} costs: profile the pair with its "
+                             f"draft (python -m mtad.costmodel profile model={self.pair})")
+        if rows in curves:
+            return _interp(curves[rows], new)
+        # rows not measured: linear in the row count through the measured ones (constant with only one)
+        return _interp([[b, _interp(curves[b], new)] for b in sorted(curves)], rows)
+
+    def overhead(self, decoder: str | None) -> float:
+        if not self.overhead_ms:
+            return 0.0
+        if decoder in self.overhead_ms:
+            return self.overhead_ms[decoder]
+        return statistics.median(self.overhead_ms.values())
+
+    def label(self) -> str:
+        if self.kind == "declared":
+            return self.note
+        threads = f", {self.num_threads} thread{'s' if self.num_threads != 1 else ''}" if self.num_threads else ""
+        return f"{self.hardware}{threads}, {self.pair} (measured {self.measured[:10]})"
+
+    def matches(self, hardware: str, pair: str, num_threads) -> bool:
+        threads_ok = self.num_threads is None or num_threads is None or _int(num_threads) == self.num_threads
+        return self.kind == "measured" and self.hardware == hardware and self.pair == pair and threads_ok
+
+    # ---- files ----------------------------------------------------------------------------------
+    def to_json(self) -> str:
+        """Indented JSON with one line per cost curve."""
+        d = asdict(self)
+        curves = ",\n".join(f"  {json.dumps(k)}: {json.dumps([[a, round(b, 5)] for a, b in v])}"
+                             for k, v in d.pop("costs_ms").items())
+        head = json.dumps(d, indent=1)
+        return head[:-2] + f',\n "costs_ms": {{\n{curves}\n }}\n}}'
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "Profile":
+        names = set(cls.__dataclass_fields__)
+        unknown = sorted(set(d) - names)
+        if unknown or "costs_ms" not in d:
+            raise ValueError(f"not a cost profile: unknown keys {unknown}" if unknown else
+                             "not a cost profile: no costs_ms (write one with python -m mtad.costmodel profile)")
+        return cls(**dict(d))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Profile":
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{path}: {err}") from err
+
+
+def _int(x) -> int | None:
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _interp(points: Sequence[Sequence[float]], x: float) -> float:
+    """Piecewise-linear through (tokens, cost) points; linear extrapolation from the two end points."""
+    pts = sorted((float(a), float(b)) for a, b in points)
+    if len(pts) == 1:
+        return pts[0][1]
+    if x <= pts[0][0]:
+        (x0, y0), (x1, y1) = pts[0], pts[1]
+    elif x >= pts[-1][0]:
+        (x0, y0), (x1, y1) = pts[-2], pts[-1]
+    else:
+        i = next(i for i in range(1, len(pts)) if pts[i][0] >= x)
+        (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+def declared_profile(c: float = DECLARED_DRAFT_COST) -> Profile:
+    """The memory-bound idealisation: a target pass costs 1 step whatever its width (verify of gamma+1
+    tokens, a tree, a prefill), a draft pass costs ``c`` steps; no harness time. A projection only."""
+    return Profile(hardware="declared", pair="any", kind="declared", unit="step",
+                   costs_ms={"target:seq:1": [[1, 1.0]], "draft:seq:1": [[1, c]]},
+                   note=f"declared: target pass = 1 step at any width, draft pass = {c:g} step, no harness time")
+
+
+# ------------------------------------------------------------------------------------------- prediction
+def parse_calls(calls: Mapping[str, float]) -> list[tuple[str, str, int, int, float]]:
+    out = []
+    for key, n in calls.items():
+        m = _KEY.match(str(key))
+        if m is None:
+            raise ValueError(f"bad forward-call key {key!r}: expected '<target|draft>:<seq|tree>:<rows>x<new>'")
+        if n:
+            out.append((m[1], m[2], int(m[3]), int(m[4]), float(n)))
+    return out
+
+
+def predict(calls: Mapping[str, float], tokens: int, profile: Profile, decoder: str | None = None) -> float | None:
+    """Cost per generated token (ms under a measured profile, steps under a declared one) of a run with
+    these forward counts: sum of count x cost(shape), plus the profile's harness time per target forward."""
+    if not tokens or not calls:
+        return None
+    parsed = parse_calls(calls)
+    total = sum(n * profile.cost(role, kind, rows, new) for role, kind, rows, new, n in parsed)
+    total += profile.overhead(decoder) * sum(n for role, *_, n in parsed if role == "target")
+    return total / tokens
+
+
+def find_profiles(dirs: Sequence[str | Path]) -> list[Profile]:
+    """Every ``*.json`` profile under ``dirs`` (missing folders are fine; a bad file is an error)."""
+    out = []
+    for d in dirs:
+        d = Path(d)
+        if d.is_dir():
+            out += [Profile.load(f) for f in sorted(d.glob("*.json"))]
+    return out
+
+
+# ------------------------------------------------------------------------------------------- measuring
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def profile_path(out_dir: str | Path, hardware: str, pair: str, num_threads: int | None, cuda: bool) -> Path:
+    threads = "" if cuda or not num_threads else f"-{num_threads}t"
+    return Path(out_dir) / f"{_slug(hardware)}{threads}-{_slug(pair)}.json"
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_model(model, role: str, gamma: int, W: int, context: int, reps: int, vocab: int,
+                  max_positions: int | None) -> dict[str, list[list[float]]]:
+    """The cost curves of one model (see the module docstring), through the decoders' own Session calls.
+    Shapes are timed in rounds (every shape once per round, ``reps`` rounds after a warm-up round, more
+    until ``MIN_SECONDS`` have passed, so that millisecond forwards are averaged over many rounds), so a
+    change in the machine's load shifts every shape alike; a cost is the 10 %-trimmed mean over the rounds
+    **[choice: a run's ms/token is a mean too, preemptions on a shared machine included; the median would
+    leave them out of the profile but not out of the runs]**."""
+    import torch
+
+    from mtad.decoding.kv import Session, Stats
+
+    g = torch.Generator().manual_seed(0)
+    ctx = torch.randint(3, vocab, (context,), generator=g).tolist()
+    device = model.get_input_embeddings().weight.device
+    room = (max_positions or 10 ** 9) - context - 2
+
+    def fresh(rows: int = 1) -> Session:
+        s = Session(model, Stats(), role)
+        s.forward(ctx)
+        if rows > 1:
+            s.expand(rows)
+        return s
+
+    def nothing() -> None:
+        pass
+
+    shapes = []  # (curve key, tokens, untimed preparation, timed forward)
+    seq = fresh()
+    for n in range(1, gamma + 3):  # decode and verify widths at a context of `context` tokens
+        shapes.append((f"{role}:seq:1", n, lambda s=seq: s.sync(ctx),  # cache back to ctx[:-1]
+                       lambda s=seq, ids=[ctx[-1]] + ctx[1:n]: s.forward(ids)))
+    for n in SEQ_EXTRA:  # prefill of n tokens into an empty cache
+        if n <= (max_positions or 10 ** 9):
+            ids = (ctx * (n // len(ctx) + 1))[:n]
+            shapes.append((f"{role}:seq:1", n, nothing, lambda ids=ids: Session(model, Stats(), role).forward(ids)))
+    for B in range(2, W + 1):  # one token in each of B beam rows
+        shapes.append((f"{role}:seq:{B}", 1, nothing,
+                       lambda s=fresh(B), tok=torch.tensor(ctx[:B]): s.forward_beams(tok)))
+    tree = fresh()
+    for N in (N for N in TREE_SIZES if N <= room):  # a star of N nodes below the last context token
+        shapes.append((f"{role}:tree:1", N, lambda s=tree: s.keep_path([]),  # drop the last pass's nodes
+                       lambda s=tree, nodes=ctx[:N]: s.forward_tree(nodes, [len(s.ids) - 1] * len(nodes))))
+    times: list[list[float]] = [[] for _ in shapes]
+    start, r = time.perf_counter(), 0
+    while r <= reps or time.perf_counter() - start < MIN_SECONDS:  # round 0 warms up
+        for i, (_, _, prep, fn) in enumerate(shapes):
+            prep()
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            if r:
+                times[i].append(1e3 * (time.perf_counter() - t0))
+        r += 1
+    costs: dict[str, list[list[float]]] = {}
+    for (key, n, _, _), ts in zip(shapes, times):
+        costs.setdefault(key, []).append([n, _trimmed_mean(ts)])
+    return costs
+
+
+def _trimmed_mean(xs: Sequence[float], cut: float = 0.1) -> float:
+    """Mean without the lowest and highest ``cut`` share (one stray preemption does not decide a cost)."""
+    xs = sorted(xs)
+    k = int(len(xs) * cut)
+    return statistics.fmean(xs[k:len(xs) - k] if len(xs) > 2 * k else xs)
+
+
+def measure_overheads(pair, decoders: Sequence[str], context: int, new_tokens: int = 24,
+                      decodes: int = 2) -> dict[str, float]:
+    """Harness ms per target forward of each decoder: (wall - time inside forwards) / target forwards,
+    pooled over ``decodes`` short decodes after a warm-up one."""
+    import torch
+
+    from mtad.decoding import DecoderConfig, generate
+
+    g = torch.Generator().manual_seed(1)
+    vocab = pair.target.get_output_embeddings().weight.shape[0]
+    prompt = torch.randint(3, vocab, (context,), generator=g).tolist()
+    out = {}
+    for name in decoders:
+        cfg = DecoderConfig(name=name, max_new_tokens=new_tokens, temperature=0.0 if name == "greedy" else 1.0,
+                            eos_token_id=-1)
+        rs = [generate(pair, prompt, cfg, torch.Generator(device=pair.device).manual_seed(seed))
+              for seed in range(decodes + 1)][1:]  # the first decode is a warm-up
+        harness = sum(max(0.0, r.wall_time_s - r.forward_time_s) for r in rs)
+        out[name] = 1e3 * harness / max(sum(r.target_forwards for r in rs), 1)
+    return out
+
+
+def measure(pair, hardware: str, num_threads: int | None, gamma: int = 4, W: int = 4, context: int = 128,
+            reps: int = 10, decoders: Sequence[str] | None = None) -> Profile:
+    """Measure a :class:`Profile` of a loaded pair (``gamma``/``W``: the widest verify and beam counts)."""
+    import torch
+
+    from mtad.decoding.core import DECODERS, NEEDS_DRAFT, context_limit
+
+    vocab = pair.target.get_output_embeddings().weight.shape[0]
+    limit = context_limit(pair.target)
+    if limit is not None and context + 64 > limit:
+        context = max(8, limit // 2)
+    costs = {}
+    with torch.inference_mode():
+        for role, model in (("target", pair.target), ("draft", pair.draft)):
+            if model is not None:
+                log.info("measuring %s forwards", role)
+                costs.update(measure_model(model, role, gamma, W, context, reps, vocab, limit))
+    if decoders is None:
+        decoders = [d for d in sorted(DECODERS) if pair.draft is not None or d not in NEEDS_DRAFT]
+    log.info("measuring harness overhead of %s", ", ".join(decoders))
+    overhead = measure_overheads(pair, decoders, context)
+    return Profile(hardware=hardware, pair=pair.name, costs_ms=costs, overhead_ms=overhead,
+                   num_threads=num_threads, context_tokens=context, reps=reps,
+                   measured=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+# ------------------------------------------------------------------------------------------- CLI
+def _compose(overrides: Sequence[str]):
+    from hydra import compose, initialize_config_dir
+
+    from mtad.config import register_configs
+    from mtad.paths import REPO_ROOT
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def profile_command(overrides: Sequence[str], out_dir: str | Path = PROFILE_DIR, reps: int = 10) -> Path:
+    """Compose the config (Hydra overrides, e.g. ``model=smollm2 num_threads=1``), load the pair, measure,
+    write the profile JSON; returns its path."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from mtad.loading import load_pair
+    from mtad.results import environment_info
+
+    cfg = OmegaConf.to_container(_compose(overrides), resolve=True)
+    if cfg.get("num_threads"):
+        torch.set_num_threads(int(cfg["num_threads"]))
+    pair = load_pair(cfg["model"])
+    devices = {p.device for m in (pair.target, pair.draft) if m is not None for p in m.parameters()}
+    env = environment_info(devices)
+    cuda = any(d.type == "cuda" for d in devices)
+    threads = None if cuda else env["num_threads"]
+    dec = cfg["decoder"]
+    prof = measure(pair, env["device_name"], threads, gamma=max(int(dec.get("gamma", 4)), 4),
+                   W=max(int(dec.get("beam_width", 4)), 4), reps=reps)
+    path = profile_path(out_dir, env["device_name"], pair.name, threads, cuda)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(prof.to_json() + "\n")
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mtad.costmodel", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    prof = sub.add_parser("profile", help="measure per-forward costs of a pair on this machine")
+    prof.add_argument("--out", default=str(PROFILE_DIR), help="folder for the profile JSON (default results/profiles)")
+    prof.add_argument("--reps", type=int, default=10, help="timed rounds per shape (10 %%-trimmed mean)")
+    prof.add_argument("overrides", nargs="*", help="Hydra overrides: model=smollm2 num_threads=1 model.device=cuda")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        path = profile_command(args.overrides, args.out, args.reps)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"mtad.costmodel: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

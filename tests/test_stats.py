@@ -1,0 +1,185 @@
+"""The paired bootstrap (mtad.stats) and the intervals the tables print from per-prompt records."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mtad import stats, table
+from mtad.results import flatten_dict, load_results
+
+FIXTURE = Path(__file__).parent / "fixtures" / "results_small.jsonl"
+
+
+# ------------------------------------------------------------------------------------------- bootstrap
+def test_known_case_matches_the_normal_theory_interval():
+    """A mean difference of paired normal data: the bootstrap interval is the textbook one, mean ± 1.96 s/sqrt(n)."""
+    rng = np.random.default_rng(3)
+    n = 400
+    base = rng.normal(0.5, 0.3, n)
+    method = base + rng.normal(0.1, 0.2, n)  # paired: the difference has sd 0.2
+    iv = stats.bootstrap_interval("score_diff", [method], [base])
+    d = method - base
+    half = 1.96 * d.std(ddof=1) / math.sqrt(n)
+    assert iv.point == pytest.approx(d.mean())
+    assert iv.low == pytest.approx(d.mean() - half, abs=0.15 * half)
+    assert iv.high == pytest.approx(d.mean() + half, abs=0.15 * half)
+    assert iv.n == n and not iv.contains_no_change()
+    # pairing matters: an unpaired interval would be ~1.9x wider (sd 0.36 instead of 0.2)
+    assert iv.high - iv.low < 1.3 * 2 * half
+
+
+def test_speedup_of_a_method_twice_as_fast_per_prompt():
+    rng = np.random.default_rng(0)
+    t_base = rng.uniform(1.0, 3.0, 30)
+    tokens = np.full(30, 64.0)
+    t_method = t_base / 2 * rng.uniform(0.9, 1.1, 30)
+    iv = stats.bootstrap_interval("speedup", [t_method, tokens], [t_base, tokens])
+    assert iv.point == pytest.approx(t_base.sum() / t_method.sum())
+    assert iv.low < 2.0 < iv.high and iv.low > 1.8 and iv.high < 2.2
+    assert iv.contains_no_change() is False
+
+
+def test_negative_control_identical_samples_contain_no_change():
+    rng = np.random.default_rng(1)
+    t, tokens, lp = rng.uniform(1, 2, 20), np.full(20, 50.0), rng.normal(-1, 0.3, 20)
+    same_speed = stats.bootstrap_interval("speedup", [t, tokens], [t, tokens])
+    same_ppl = stats.bootstrap_interval("ppl_change", [lp], [lp])
+    assert same_speed.contains_no_change() and same_speed.point == pytest.approx(1.0)
+    assert same_ppl.contains_no_change() and same_ppl.point == pytest.approx(0.0)
+    # the control can fail: a real perplexity change is detected
+    shifted = stats.bootstrap_interval("ppl_change", [lp + 0.1], [lp])
+    assert shifted.contains_no_change() is False
+    assert shifted.point == pytest.approx(100 * math.expm1(-0.1))
+
+
+def test_seeded_and_resample_count_stated():
+    rng = np.random.default_rng(2)
+    a, b = rng.normal(0, 1, 25), rng.normal(0.2, 1, 25)
+    one, two = stats.bootstrap_interval("score_diff", [a], [b]), stats.bootstrap_interval("score_diff", [a], [b])
+    assert (one.low, one.high) == (two.low, two.high)
+    other = stats.bootstrap_interval("score_diff", [a], [b], seed=7)
+    assert (other.low, other.high) != (one.low, one.high)
+    assert len(one.distribution) == stats.N_RESAMPLES
+
+
+def test_too_few_prompts_or_bad_arrays():
+    iv = stats.bootstrap_interval("score_diff", [[1.0]], [[0.0]])
+    assert iv.point == 1.0 and not iv.has_interval and "n = 1 < 5" in iv.note
+    four = stats.bootstrap_interval("score_diff", [[1.0, 0.0, 1.0, 1.0]], [[0.0, 0.0, 1.0, 0.0]])
+    assert four.point == pytest.approx(0.5) and not four.has_interval
+    with pytest.raises(ValueError, match="paired 1-D arrays"):
+        stats.bootstrap_interval("speedup", [[1.0, 2.0]], [[1.0, 2.0], [3.0, 4.0]])
+    undefined = stats.bootstrap_interval("score_change", [[1.0, 0.0, 1.0, 1.0, 0.0]], [[0.0] * 5])
+    assert not undefined.has_interval and undefined.point is None
+
+
+def test_aggregate_combines_cells_resample_by_resample():
+    rng = np.random.default_rng(4)
+    tokens = np.full(20, 10.0)
+    t = rng.uniform(1, 2, 20)
+    a = stats.bootstrap_interval("speedup", [t / 2, tokens], [t, tokens])
+    b = stats.bootstrap_interval("speedup", [t / 8, tokens], [t, tokens])
+    agg = stats.aggregate("speedup", [a, b])
+    assert agg.point == pytest.approx(4.0) and agg.n == 40  # geometric mean of 2 and 8
+    assert agg.low == pytest.approx(4.0) and agg.high == pytest.approx(4.0)
+    point_only = stats.Interval(3.0, None, None, 5, "speedup", note="no per-prompt records")
+    mixed = stats.aggregate("speedup", [a, point_only])
+    assert mixed.point == pytest.approx(math.sqrt(6)) and not mixed.has_interval
+
+
+# ------------------------------------------------------------------------------------------- records
+def _samples(prompts, seed_shift=0.0, slow=1.0, lp=-1.0, score=0.0):
+    return [{"id": f"p{i}", "turn": 0, "n_tokens": 10, "time_s": slow * (1 + 0.1 * i) + seed_shift,
+             "mean_logprob": lp + 0.01 * i, "energy_j": None, "scores": {"accuracy": score}} for i in range(prompts)]
+
+
+def test_seeds_pool_within_a_prompt():
+    pooled = stats.per_prompt([_samples(3), _samples(3, seed_shift=1.0, lp=-2.0)], "accuracy")
+    assert set(pooled) == {("p0", 0), ("p1", 0), ("p2", 0)}
+    assert pooled[("p0", 0)]["time_s"] == pytest.approx(1.0 + 2.0) and pooled[("p0", 0)]["n_tokens"] == 20
+    assert pooled[("p0", 0)]["mean_logprob"] == pytest.approx(-1.5)
+    skipped = stats.per_prompt([[{"id": "x", "turn": 0, "skip_reason": "too long"}]], None)
+    assert skipped == {}
+
+
+def _rows_with_records(tmp_path: Path, drop: str | None = None) -> list[dict]:
+    """Fixture rows (mtad, sampling, speculative on gsm8k) with run directories holding samples.jsonl:
+    mtad is 2x faster than speculative and has a lower perplexity than sampling on every prompt."""
+    rows = list({r["decoder"]["name"]: json.loads(json.dumps(r)) for r in load_results(FIXTURE)
+                 if r["task"]["name"] == "gsm8k" and r["decoder"]["name"] in ("mtad", "sampling", "speculative")
+                 and (r["decoder"]["gamma"], r["decoder"]["beam_width"], r["decoder"]["tau"]) == (4, 4, 0.5)}.values())
+    speed = {"mtad": 0.5, "sampling": 0.4, "speculative": 1.0}
+    lp = {"mtad": -1.0, "sampling": -1.2, "speculative": -1.2}
+    for r in rows:
+        name = r["decoder"]["name"]
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        if name != drop:
+            (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in _samples(
+                24, slow=speed[name], lp=lp[name])))
+        r["run_dir"] = str(Path("elsewhere") / "runs" / name)  # a moved results folder: found below search
+        r["metrics"]["ms_per_token"] = 1e3 * speed[name] * 2.15 / 10
+        r["metrics"]["ppl_mean_logprob"] = math.exp(-lp[name] - 0.115)
+    return rows
+
+
+def test_table_intervals_from_records_and_claims_verdicts(tmp_path):
+    import pandas as pd
+
+    frame = pd.DataFrame([flatten_dict(r) for r in _rows_with_records(tmp_path)])
+    df = table.prepare(frame, search=[tmp_path], profiles=[])
+    mtad = df[df.decoder == "mtad"].iloc[0]
+    assert mtad.n == 24 and mtad.speedup_ci.has_interval
+    assert mtad.speedup_ci.low == pytest.approx(2.0) and mtad.speedup_ci.high == pytest.approx(2.0)
+    by = {c["claim"]: c for c in table.claims(df)}
+    ppl = by["output perplexity −21.2 % vs single-token sampling"]
+    assert ppl["ours"] == pytest.approx(100 * math.expm1(-0.2)) and ppl["n"] == 24
+    assert table.verdict(ppl).startswith("significant at n = 24")
+    text = table.render_markdown(frame, search=[tmp_path], profiles=[])
+    assert "2.00× [2.00, 2.00]" in text and "−18.1 % [−18.1, −18.1]" in text
+    assert "2000 resamples" in text and "†" not in text.split("## Settings")[0]
+    # task scores 0 for both: the relative change is undefined, the score difference is reported instead
+    score = by["downstream score +43 % vs single-token sampling"]
+    assert score["fallback"] is not None and score["ours"] == 0.0
+    assert table.verdict(score).startswith("not significant at n = 24")
+
+
+def test_rows_without_records_are_named_and_get_no_interval(tmp_path):
+    """Bad input: a deleted run directory. Its figures are point estimates marked †, listed by row."""
+    import pandas as pd
+
+    frame = pd.DataFrame([flatten_dict(r) for r in _rows_with_records(tmp_path, drop="speculative")])
+    df = table.prepare(frame, search=[tmp_path], profiles=[])
+    mtad = df[df.decoder == "mtad"].iloc[0]
+    assert mtad.speedup_ci is None and mtad.speedup == pytest.approx(2.0)
+    speed = next(c for c in table.claims(df) if c["claim"].startswith("1.42×"))
+    assert not speed["interval"].has_interval and speed["missing"] == ["speculative · gsm8k"]
+    assert table.verdict(speed) == "point estimate only: no per-prompt records for 1 row(s)"
+    text = table.render_markdown(frame, search=[tmp_path], profiles=[])
+    assert "2.00×†" in text and "tiny · speculative · gsm8k (run_dir elsewhere/runs/speculative)" in text
+    # the perplexity claim does not need the speculative row: it still has its interval
+    assert "−18.1 % [−18.1, −18.1]" in text
+
+
+def test_seed_sweep_rows_are_pooled_into_one_row(tmp_path):
+    import pandas as pd
+
+    rows = _rows_with_records(tmp_path)
+    extra = []
+    for r in rows:
+        r2 = json.loads(json.dumps(r))
+        r2["seed"], r2["run_id"] = 1, r["run_id"] + "-s1"
+        r2["metrics"]["total_decode_s"] *= 3  # the second seed ran 3x slower: pooled ms/token = 2x the first
+        extra.append(r2)
+    df = table.prepare(pd.DataFrame([flatten_dict(r) for r in rows + extra]), search=[tmp_path], profiles=[])
+    assert len(df) == 3 and set(df.n_seeds) == {2}
+    m = df[df.decoder == "mtad"].iloc[0]
+    first = next(r for r in rows if r["decoder"]["name"] == "mtad")["metrics"]
+    assert m.ms_per_token == pytest.approx(1e3 * 4 * first["total_decode_s"] / (2 * first["total_tokens"]))
+    assert m.seeds == [0, 1]
+    assert "24 × 2 seeds" in table.render_markdown(pd.DataFrame([flatten_dict(r) for r in rows + extra]),
+                                                   search=[tmp_path], profiles=[])
