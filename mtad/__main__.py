@@ -17,10 +17,16 @@ log = logging.getLogger("mtad")
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from mtad.progress import summary_table
     from mtad.runner import run
 
     try:
-        run(cfg)
+        with logging_redirect_tqdm():  # log lines above the progress bar, not through it
+            row = run(cfg)
+        if row is not None:
+            print(summary_table(row))
     except (ValueError, FileNotFoundError, OSError) as err:
         log.error("%s: %s", type(err).__name__, err)
         print(f"mtad: error: {err}", file=sys.stderr)
