@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import torch
 
 from mtad.decoding.config import DecoderConfig
-from mtad.decoding.filter import draw, filter_probs
+from mtad.decoding.filter import canonical_device, draw, filter_probs
 from mtad.decoding.kv import Session, Stats, check_tree_support
 from mtad.decoding.result import DecodeResult
 
@@ -57,7 +57,7 @@ class Run:
     def __init__(self, prompt: list[int], cfg: DecoderConfig, eos: set[int], device: torch.device | str = "cpu"):
         self.tokens = list(prompt)
         self.prompt_len, self.cfg, self.eos = len(prompt), cfg, eos
-        self.device = torch.device(device)  # the decode device (module docstring, "Device rule")
+        self.device = canonical_device(device)  # the decode device (module docstring, "Device rule")
         self.stop_reason: str | None = None
         self.stats = Stats()
 

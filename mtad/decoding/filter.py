@@ -52,9 +52,18 @@ def draw(probs: torch.Tensor, rng: torch.Generator, n: int = 1, replacement: boo
     return torch.searchsorted(cdf, u * cdf[..., -1:], right=True)  # (..., n)
 
 
+def canonical_device(device) -> torch.device:
+    """``device`` with its index filled in (``cuda`` -> ``cuda:<current>``), so equal devices compare equal."""
+    device = torch.device(device)
+    if device.index is None and device.type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def check_device(device: torch.device, *tensors: torch.Tensor, what: str) -> None:
     """The device rule (:mod:`mtad.decoding.core`): every operand is on the decode ``device``."""
-    bad = sorted({str(t.device) for t in tensors if t.device != device})
+    device = canonical_device(device)
+    bad = sorted({str(t.device) for t in tensors if canonical_device(t.device) != device})
     if bad:
         raise ValueError(f"{what}: operands on {bad} but the decode device is {device}: every probability and "
                          "index of a generate call must be on its generator's device (Session returns logits "
