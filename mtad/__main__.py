@@ -28,10 +28,16 @@ _FAILED_JOBS: list[str] = []  # one line per failed multirun job of this process
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from mtad.progress import summary_table
     from mtad.runner import ResultsNotAppended, run
 
     try:
-        run(cfg)
+        with logging_redirect_tqdm():  # log lines above the progress bar, not through it
+            row = run(cfg)
+        if row is not None:
+            print(summary_table(row))
     except Exception as err:
         multirun = _is_multirun()
         if not isinstance(err, BAD_INPUT) and not multirun:

@@ -51,6 +51,7 @@ class RunConfig:
     perplexity: bool = True  # score outputs under the raw target (after the timed window)
     force: bool = False  # rerun even if a row with the same config hash exists
     save_samples: bool = True  # write samples.jsonl into the run directory
+    progress: bool = True  # progress bar on stderr (shown only when stderr is a terminal)
 
 
 def experiment_name(cfg) -> str:

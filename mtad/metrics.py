@@ -46,7 +46,8 @@ def sequence_logprobs(target_model: Any, prompt_ids: Any, output_ids: Any) -> to
     logits = target_model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
     n_p = prompt.numel()
     logp = torch.log_softmax(logits[0, n_p - 1: -1].float(), dim=-1)  # (T_out, V): positions predicting y_t
-    return logp.gather(-1, output.to(device).unsqueeze(-1)).squeeze(-1).cpu()  # (T_out,)
+    # a target sharded by device_map emits logits on its last device, not on its first parameter's
+    return logp.gather(-1, output.to(logp.device).unsqueeze(-1)).squeeze(-1).cpu()  # (T_out,)
 
 
 def perplexity(per_sample_logprobs: Sequence[torch.Tensor]) -> dict:

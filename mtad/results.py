@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 # Keys that change where or how a run is recorded, not what it measures.
-VOLATILE_KEYS = ("results_dir", "force", "tracking", "hydra")
+VOLATILE_KEYS = ("results_dir", "force", "tracking", "hydra", "progress")  # progress: display only
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from mtad.decoding import DecoderConfig, PromptTooLong, generate
 from mtad.energy import EnergyMeter, combine_readings
 from mtad.loading import ModelConfig, load_pair, resolve_local
 from mtad.metrics import diversity, perplexity, run_metrics, sequence_logprobs
+from mtad.progress import PromptBar
 from mtad.results import ResultRow, append_row, config_hash, existing_hashes, to_json_line, write_jsonl_atomic
 from mtad.rundir import check_results_file, check_writable
 from mtad.tasks.base import TaskConfig, get_task
@@ -66,6 +67,7 @@ def run(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict | Non
     _warmup(pair, task, samples[: int(resolved.get("warmup", 0))], dec, mcfg, rng)
     rows, decodes, logps, scores, readings, skips = [], [], [], [], [], Counter()
     meter = EnergyMeter(_gpu_indices(pair))
+    bar = PromptBar(len(samples), f"{dec.name} {tcfg.name}", bool(resolved.get("progress", True)))
     for sample in samples:
         history: list[str] = []
         for turn in range(_turns(task, sample)):
@@ -81,6 +83,8 @@ def run(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict | Non
                 logps.append(row.pop("_logp"))
             if row["scores"]:
                 scores.append(row["scores"])
+        bar.step(decodes)
+    bar.close()
     row = _finish(resolved, dec, mcfg, tcfg, task, pair, rows, decodes, logps, scores, readings, skips, run_dir)
     samples_error = _save_samples(run_dir, rows) if resolved.get("save_samples", True) else None
     if not save_row(results_file, row, run_dir, unless_done=not resolved.get("force")):

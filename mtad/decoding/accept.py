@@ -9,6 +9,8 @@ import math
 
 import torch
 
+from mtad.decoding.filter import check_device
+
 
 def speculative_accept(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, u: torch.Tensor):
     """Lossless speculative sampling, ALGORITHMS.md §3 steps 3-4.
@@ -17,8 +19,9 @@ def speculative_accept(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, u: tor
     Returns (n accepted, distribution of the next token): the residual norm(max(0, p_n - q_n)) after a
     rejection, or p_{K+1} (the bonus) when all K pass.
     """
+    check_device(p.device, q, x, u, what="speculative_accept")
     K = x.shape[0]
-    j = torch.arange(K)
+    j = torch.arange(K, device=p.device)
     ok = u < (p[j, x] / q[j, x]).clamp(max=1.0)  # (K,)
     n = int(ok.long().cumprod(0).sum())
     if n == K:
@@ -36,8 +39,9 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def threshold_accept(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, tau: float):
     """``speculative`` with ``accept: threshold`` (ALGORITHMS.md §7): accept x_j while p_j(x_j)/q_j(x_j) > tau;
     the next token comes from p at the first failing position (no residual). Lossy by design."""
+    check_device(p.device, q, x, what="threshold_accept")
     K = x.shape[0]
-    j = torch.arange(K)
+    j = torch.arange(K, device=p.device)
     ok = p[j, x] > tau * q[j, x]  # (K,), ratio > tau without dividing by q
     n = int(ok.long().cumprod(0).sum())
     return n, p[n]
@@ -49,6 +53,7 @@ def mtad_accept(log_p: torch.Tensor, log_q: torch.Tensor, tau: float) -> int:
     log_p, log_q (K,): log p̃(x̂_j|·) and log q̃(x̂_j|·). L_d = Σ_{j<=d} (log p - log q); accept
     a = max{d : L_d > log tau}, 0 if none. A -inf in log_p makes every L_d from there on -inf.
     """
+    check_device(log_p.device, log_q, what="mtad_accept")
     L = torch.cumsum(log_p - log_q, 0)  # (K,)
     passing = (L > math.log(tau)).nonzero()
     return int(passing[-1]) + 1 if len(passing) else 0
@@ -63,6 +68,7 @@ def mmtad_accept(log_p_path: list[torch.Tensor], log_q_path: list[torch.Tensor],
     (``reference='max'``) or the node's own (``'own'``). Returns (a, i): the deepest depth with a passing
     node and, among its passing nodes, the one with the largest target joint; (0, -1) if none passes.
     """
+    check_device(log_p_path[0].device, *log_p_path, *log_q_path, what="mmtad_accept")
     log_tau = math.log(tau)
     for d in range(len(log_p_path) - 1, -1, -1):
         R = log_q_path[d].max() if reference == "max" else log_q_path[d]
@@ -80,6 +86,7 @@ def multi_draft_accept(p: torch.Tensor, q: torch.Tensor, xs: torch.Tensor, u: to
     p_{i+1} = norm(max(0, p_i - q)) after each rejection. Returns (index of the accepted child or -1,
     the distribution left after all rejections — meaningful only when the index is -1).
     """
+    check_device(p.device, q, xs, u, what="multi_draft_accept")
     for i in range(xs.shape[0]):
         x = int(xs[i])
         if u[i] < min(1.0, float(p[x] / q[x])):

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 from mtad.decoding.core import register
-from mtad.decoding.kv import Session
 
 
 @register("greedy")
 def greedy(models, run, cfg, rng) -> None:
     """x_{t+1} = argmax p(·|x_{<=t}); ignores T/top_k/top_p."""
-    target = Session(models.target, run.stats, "target")
+    target = run.session(models.target, "target")
     while not run.done:
         logits = target.forward(run.pending(target))[-1]  # (V,)
         run.commit([int(logits.argmax())])
@@ -17,6 +16,6 @@ def greedy(models, run, cfg, rng) -> None:
 @register("sampling")
 def sampling(models, run, cfg, rng) -> None:
     """x_{t+1} ~ p̃(·|x_{<=t}), the filtered target (the stochastic baseline)."""
-    target = Session(models.target, run.stats, "target")
+    target = run.session(models.target, "target")
     while not run.done:
         run.sample_step(target, rng)

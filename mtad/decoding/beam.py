@@ -45,7 +45,7 @@ class BeamTree:
 
 def _draw_n(probs: torch.Tensor, W: int, replacement: bool, rng: torch.Generator) -> torch.Tensor:
     n = W if replacement else min(W, int((probs > 0).sum()))
-    return draw(probs, rng, n, replacement).to(probs.device)
+    return draw(probs, rng, n, replacement)  # on probs' device: the decode device
 
 
 def beam_sample(q1: torch.Tensor, step: Step, K: int, W: int, replacement: bool,

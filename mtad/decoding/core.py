@@ -3,6 +3,13 @@
 Every decoder is ``fn(models, run, cfg, rng)``: it loops ``draft -> score -> accept -> commit`` until
 ``run.done`` and reports through ``run.commit`` and ``run.stats``. :func:`generate` owns validation,
 timing and the result record, so no decoder repeats them.
+
+**Device rule.** One ``generate`` call has one *decode device*: the device of its generator ``rng``
+(default: the target's first parameter's device). Every Session of the call returns its logits there
+(:meth:`Run.session`), whichever GPU the model's last layer is on, so every probability, index, uniform and
+draw that a decoder combines lives on that one device; a decoder creates index tensors with
+``device=run.device`` and never moves tensors itself. :func:`mtad.decoding.filter.draw` and the rules of
+:mod:`mtad.decoding.accept` refuse operands on other devices with an error naming this rule.
 """
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ from typing import Callable, Sequence
 import torch
 
 from mtad.decoding.config import DecoderConfig
-from mtad.decoding.filter import draw, filter_probs
+from mtad.decoding.filter import canonical_device, draw, filter_probs
 from mtad.decoding.kv import Session, Stats, check_tree_support
 from mtad.decoding.result import DecodeResult
 
@@ -47,11 +54,16 @@ class Run:
     """Committed tokens of one call and the stop rule (EOS kept, nothing after it; at most
     ``max_new_tokens``; an over-long block is truncated **[choice: the reference overshoots]**)."""
 
-    def __init__(self, prompt: list[int], cfg: DecoderConfig, eos: set[int]):
+    def __init__(self, prompt: list[int], cfg: DecoderConfig, eos: set[int], device: torch.device | str = "cpu"):
         self.tokens = list(prompt)
         self.prompt_len, self.cfg, self.eos = len(prompt), cfg, eos
+        self.device = canonical_device(device)  # the decode device (module docstring, "Device rule")
         self.stop_reason: str | None = None
         self.stats = Stats()
+
+    def session(self, model, role: str) -> Session:
+        """``model``'s cache for this call; its logits come back on the decode device."""
+        return Session(model, self.stats, role, out_device=self.device)
 
     @property
     def remaining(self) -> int:
@@ -65,8 +77,7 @@ class Run:
         """The speculative-family loop: creates the target and draft sessions of this call, then yields
         ``(target, draft, K)`` once per iteration, where K is the draft depth (``depth`` or gamma) shortened
         so the block and its bonus token fit. When no block fits, the tail is plain target steps."""
-        target = Session(models.target, self.stats, "target")
-        draft = Session(models.draft, self.stats, "draft")
+        target, draft = self.session(models.target, "target"), self.session(models.draft, "draft")
         while not self.done:
             K = min(depth or self.cfg.gamma, self.remaining - 1)
             if K < 1:
@@ -161,14 +172,16 @@ def generate(models, prompt_ids, cfg=None, rng: torch.Generator | None = None, *
 
     models: a :class:`mtad.pair.ModelPair` (``target``, optional ``draft``); prompt_ids: a list of ids or a
     (1, T) / (T,) tensor; cfg: a :class:`DecoderConfig`, dict or OmegaConf node (``overrides`` win);
-    rng: the explicit generator for all randomness (default: seed 0 on the target's device).
+    rng: the explicit generator for all randomness (default: seed 0 on the target's first device); its
+    device is the call's decode device (module docstring): keep it on the models' GPU, since a CPU
+    generator with GPU models is correct but copies every logit row to the CPU.
     """
     cfg = DecoderConfig.from_any(cfg, **overrides)
     prompt = torch.as_tensor(prompt_ids).flatten().tolist()
     check(models, prompt, cfg)
     if rng is None:
         rng = torch.Generator(device=next(models.target.parameters()).device).manual_seed(0)
-    run = Run(prompt, cfg, _eos_ids(models, cfg))
+    run = Run(prompt, cfg, _eos_ids(models, cfg), rng.device)
     with torch.inference_mode():
         _sync_cuda(models)
         t0 = time.perf_counter()

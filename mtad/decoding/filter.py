@@ -42,14 +42,32 @@ def draw(probs: torch.Tensor, rng: torch.Generator, n: int = 1, replacement: boo
 
     With replacement: inverse CDF in float64, the first index whose cumulative sum exceeds ``u · total``
     (~8x faster than ``torch.multinomial`` on CPU for one draw over a 4k vocabulary). ``u < 1`` in float64
-    keeps ``u · total < total``, so the index always lands on a token with p > 0."""
-    if probs.device != rng.device:
-        probs = probs.to(rng.device)
+    keeps ``u · total < total``, so the index always lands on a token with p > 0. ``probs`` must be on the
+    generator's device (the decode device of :mod:`mtad.decoding.core`); the indices come back there."""
+    check_device(rng.device, probs, what="draw")
     if not replacement:
         return torch.multinomial(probs, n, replacement=False, generator=rng)
     cdf = probs.double().cumsum(-1)  # (..., V)
     u = torch.rand(cdf.shape[:-1] + (n,), generator=rng, dtype=torch.float64, device=cdf.device)  # (..., n)
     return torch.searchsorted(cdf, u * cdf[..., -1:], right=True)  # (..., n)
+
+
+def canonical_device(device) -> torch.device:
+    """``device`` with its index filled in (``cuda`` -> ``cuda:<current>``), so equal devices compare equal."""
+    device = torch.device(device)
+    if device.index is None and device.type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def check_device(device: torch.device, *tensors: torch.Tensor, what: str) -> None:
+    """The device rule (:mod:`mtad.decoding.core`): every operand is on the decode ``device``."""
+    device = canonical_device(device)
+    bad = sorted({str(t.device) for t in tensors if canonical_device(t.device) != device})
+    if bad:
+        raise ValueError(f"{what}: operands on {bad} but the decode device is {device}: every probability and "
+                         "index of a generate call must be on its generator's device (Session returns logits "
+                         "there; create index tensors with device=run.device)")
 
 
 def uniform(n: int, rng: torch.Generator) -> torch.Tensor:

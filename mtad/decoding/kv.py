@@ -120,9 +120,13 @@ class NonFiniteLogits(ValueError):
 
 
 class Session:
-    """One model + its KV cache for one decode. ``role`` is 'target' or 'draft' (for forward counts)."""
+    """One model + its KV cache for one decode. ``role`` is 'target' or 'draft' (for forward counts).
 
-    def __init__(self, model, stats: Stats, role: str):
+    Devices: inputs go to ``device`` (the input embedding's); logits come back on ``out_device``, the
+    call's *decode device* (:class:`mtad.decoding.core.Run`), whatever device the model's last layer is on
+    (a target sharded by ``device_map`` emits logits on its last GPU). None leaves them where they are."""
+
+    def __init__(self, model, stats: Stats, role: str, out_device: torch.device | None = None):
         self.model, self.stats, self.role = model, stats, role
         self.cache = full_length_cache(model.config)
         self.windows: dict | None = None  # layer type -> window of its tree mask (set by the first tree call)
@@ -130,6 +134,7 @@ class Session:
         self._surgery_error = (f"{role} model (architecture '{model.config.model_type}'): its cache layers "
                                f"{sorted(kinds)} hold no per-token keys to crop or compact") if kinds else ""
         self.device = model.get_input_embeddings().weight.device
+        self.out_device = out_device
         self.ids: list[int] = []  # linear part of the cache
         self.node_parent: list[int] = []  # tree nodes: parent cache index
         self.node_pos: list[int] = []  # tree nodes: position id
@@ -154,7 +159,7 @@ class Session:
         logits = out.logits.float()  # (B, S', V)
         if not torch.isfinite(logits).all():  # every decoder's logits pass here
             raise NonFiniteLogits(self.role, getattr(self.stats, f"{self.role}_forwards"), len(self))
-        return logits
+        return logits if self.out_device is None else logits.to(self.out_device)
 
     def forward(self, new_ids: list[int], keep: int = 1) -> torch.Tensor:
         """Append ``new_ids`` to the linear part (batch 1); logits of the last ``keep`` positions (keep, V)."""
@@ -267,11 +272,12 @@ class Session:
         leaf, each the parent of the next), which become linear; drop every other tree node."""
         self._check_surgery("compact")
         P = len(self.ids)
-        keep = torch.cat([torch.arange(P), torch.tensor(nodes, dtype=torch.long)]).to(self.device)
+        keep = torch.cat([torch.arange(P), torch.tensor(nodes, dtype=torch.long)])
         for layer in self.cache.layers:
-            if layer.is_initialized and layer.keys.numel():
-                layer.keys = layer.keys.index_select(-2, keep)  # (B, H, P + len(nodes), D)
-                layer.values = layer.values.index_select(-2, keep)
+            if layer.is_initialized and layer.keys.numel():  # a sharded model's layers sit on different GPUs
+                idx = keep.to(layer.keys.device)
+                layer.keys = layer.keys.index_select(-2, idx)  # (B, H, P + len(nodes), D)
+                layer.values = layer.values.index_select(-2, idx)
         self.node_parent.clear()
         self.node_pos.clear()
         self._anc = torch.zeros(0, 0, dtype=torch.bool)

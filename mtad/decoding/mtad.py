@@ -19,7 +19,7 @@ def beam_block(proposer: Session, run, K: int, rng) -> tuple[list[int], torch.Te
     x = [int(v) for v in tree.gather(idx, tree.tokens)]
     if K > 1:
         proposer.collapse(idx[-2], x[:-1])  # the row that holds the best beam's ancestors
-    return x, torch.tensor(tree.gather(idx, tree.q_tok))
+    return x, torch.tensor(tree.gather(idx, tree.q_tok), device=run.device)
 
 
 @register("mtad", draft=True)
@@ -29,7 +29,7 @@ def mtad(models, run, cfg, rng) -> None:
     for target, draft, K in run.blocks(models, rng):
         x, q_x = beam_block(draft, run, K, rng)  # K ids, (K,)
         p = run.filt(target.forward(run.pending(target) + x, keep=K + 1))  # (K+1, V)
-        p_x = p[torch.arange(K), torch.tensor(x)]  # (K,)
-        a = mtad_accept(p_x.log(), q_x.to(p.device).log(), cfg.tau)
+        p_x = p[torch.arange(K, device=run.device), torch.tensor(x, device=run.device)]  # (K,)
+        a = mtad_accept(p_x.log(), q_x.log(), cfg.tau)
         run.stats.record(K, a)
         run.commit(x[:a] + [int(draw(p[a], rng))])

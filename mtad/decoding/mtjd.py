@@ -60,7 +60,7 @@ def exhaustive_block(target: Session, run, K: int, rng) -> list[int]:
 @register("mtjd")
 def mtjd(models, run, cfg, rng) -> None:
     """Each iteration emits a K-token block chosen from the target's joint block distribution."""
-    target = Session(models.target, run.stats, "target")
+    target = run.session(models.target, "target")
     while not run.done:
         K = min(cfg.gamma, run.remaining)
         if cfg.mode == "exhaustive":

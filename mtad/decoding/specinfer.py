@@ -28,7 +28,7 @@ def draft_tree(draft: Session, run, ks: list[int], rng):
             q = run.filt(draft.forward_tree(tokens[-1].tolist(), [prev_idx[int(b)] for b in parents[-1]]))
             prev_idx = list(range(start, start + len(tokens[-1])))
             cache_idx.append(prev_idx)
-        children = draw(q, rng, k, replacement=True).to(q.device)  # (N_{d-1}, k)
+        children = draw(q, rng, k, replacement=True)  # (N_{d-1}, k)
         qs.append(q)
         tokens.append(children.flatten())
         parents.append(torch.arange(q.shape[0], device=q.device).repeat_interleave(k))

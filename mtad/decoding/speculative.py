@@ -25,10 +25,10 @@ def speculative(models, run, cfg, rng) -> None:
     for target, draft, K in run.blocks(models, rng):
         x, q = draft_chain(draft, run, K, rng)  # K ids, (K, V)
         p = run.filt(target.forward(run.pending(target) + x, keep=K + 1))  # (K+1, V)
-        xt = torch.tensor(x, device=p.device)
+        xt = torch.tensor(x, device=run.device)
         if cfg.accept == "lossless":
-            n, nxt = speculative_accept(p, q.to(p.device), xt, uniform(K, rng).to(p.device))
+            n, nxt = speculative_accept(p, q, xt, uniform(K, rng))
         else:
-            n, nxt = threshold_accept(p, q.to(p.device), xt, cfg.tau)
+            n, nxt = threshold_accept(p, q, xt, cfg.tau)
         run.stats.record(K, n)
         run.commit(x[:n] + [int(draw(nxt, rng))])
