@@ -66,7 +66,7 @@ elif [ ! -f models/smollm2-draft/model.safetensors ]; then
     DECODERS="greedy,sampling,mtjd"
 fi
 echo "== 2/3 sweep: model=$MODEL on $DEVICE, decoders $DECODERS x tasks $TASKS, $PROMPTS prompts x $NEW tokens -> $OUT"
-timeout "$SWEEP_LIMIT" "$PY" -m mtad.reproduce --experiment cpu_table --no-progress \
+timeout "$SWEEP_LIMIT" "$PY" -m mtad.reproduce --experiment cpu_table --no-progress --no-cost-profile \
     name=gpu_check results_dir="$OUT" "model=$MODEL" "model.device=$DEVICE" "num_threads=$THREADS" progress=false \
     "decoder=$DECODERS" "task=$TASKS" "task.n_prompts=$PROMPTS" "decoder.max_new_tokens=$NEW" \
     || FAILED+=("sweep")
@@ -77,10 +77,10 @@ if [ -n "${GPU_CHECK_PROFILE_CMD:-}" ]; then
     timeout 120 bash -c "$GPU_CHECK_PROFILE_CMD" || FAILED+=("cost profile")
 elif "$PY" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('$PROFILE_MODULE') else 1)" 2>/dev/null; then
     # shellcheck disable=SC2086  # the arguments are meant to split
-    timeout 120 "$PY" -m "$PROFILE_MODULE" ${GPU_CHECK_PROFILE_ARGS:-"model=$MODEL" "model.device=$DEVICE" "results_dir=$OUT"} \
+    timeout 120 "$PY" -m "$PROFILE_MODULE" ${GPU_CHECK_PROFILE_ARGS:-profile "model=$MODEL" "model.device=$DEVICE" --reps 3 --out "$OUT/profiles"} \
         || FAILED+=("cost profile")
 else
-    echo "skipped: no cost-profile module $PROFILE_MODULE (set GPU_CHECK_PROFILE_CMD once issue 10 provides one)"
+    echo "skipped: no cost-profile module $PROFILE_MODULE for $PY (or set GPU_CHECK_PROFILE_CMD)"
 fi
 
 echo "== summary"
