@@ -29,8 +29,13 @@ log = logging.getLogger(__name__)
 QUANTIZE = ("none", "int8")
 
 
-def quantize_target(model, mode: str):
-    """The target with its Linear layers in dynamic int8 (in place), or unchanged for ``none``."""
+LAYER_KINDS = {"attn_qkv": ("q_proj", "k_proj", "v_proj"), "attn_o": ("o_proj",),
+               "mlp_gate_up": ("gate_proj", "up_proj"), "mlp_down": ("down_proj",), "head": ("lm_head",)}
+
+
+def quantize_target(model, mode: str, only: tuple[str, ...] | None = None):
+    """The target with its Linear layers in dynamic int8 (in place), or unchanged for ``none``;
+    ``only``: quantise just the Linear modules whose names end in one of these suffixes (sensitivity)."""
     if mode not in QUANTIZE:
         raise ValueError(f"model.quantize={mode!r} is invalid: allowed {QUANTIZE}")
     if mode == "none":
@@ -45,7 +50,14 @@ def quantize_target(model, mode: str):
 
     with warnings.catch_warnings():  # torch.ao.quantization is deprecated in favour of torchao; still works
         warnings.simplefilter("ignore")
-        quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+        if only is None:
+            spec = {nn.Linear}
+        else:
+            from torch.ao.quantization import default_dynamic_qconfig
+
+            spec = {n: default_dynamic_qconfig for n, m in model.named_modules()
+                    if isinstance(m, nn.Linear) and n.endswith(tuple(only))}
+        quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
     model.mtad_quantize = mode
     return model
 
@@ -112,6 +124,8 @@ def main(argv=None) -> int:
     p.add_argument("--gsm8k", type=int, default=4, help="GSM8K test questions (target's own answers)")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--sensitivity", action="store_true",
+                   help="also quantise one kind of layer at a time (WikiText windows only)")
     p.add_argument("--out", default=str(REPO_ROOT / "results" / "quantize_agreement.json"))
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
@@ -122,9 +136,15 @@ def main(argv=None) -> int:
 
     other = qt(smollm2.load(dtype="float32", device="cpu")[0], "int8")
     data = default_data_dir()
-    result = {"wikitext2_test": agreement(ref, other, wikitext_sequences(pair.tokenizer, data, a.windows, a.length))}
+    wiki = wikitext_sequences(pair.tokenizer, data, a.windows, a.length)
+    result = {"wikitext2_test": agreement(ref, other, wiki)}
     if a.gsm8k:
         result["gsm8k_test_answers"] = agreement(ref, other, gsm8k_sequences(pair, data, a.gsm8k, a.new_tokens))
+    if a.sensitivity:
+        del other
+        result["sensitivity_wikitext2_test"] = {
+            kind: agreement(ref, qt(smollm2.load(dtype="float32", device="cpu")[0], "int8", suffixes), wiki)
+            for kind, suffixes in LAYER_KINDS.items()}
     result["settings"] = vars(a)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")

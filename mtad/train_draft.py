@@ -833,6 +833,8 @@ def export(student, out_dir: Path, meta: dict) -> Path:
         student.config.save_pretrained(tmp)
         (tmp / "draft.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
         (tmp / "MODEL_CARD.md").write_text(model_card(meta))
+        for f in tmp.iterdir():
+            f.chmod(0o644)  # safetensors/mkstemp may leave 0600: committed files are world-readable
         old = out_dir.with_name(f".{out_dir.name}.old")
         shutil.rmtree(old, ignore_errors=True)
         if out_dir.exists():

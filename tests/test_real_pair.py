@@ -57,9 +57,10 @@ def _alpha(target, draft, ids: list[int], n_prompt: int) -> float:
 
 
 # The committed draft's teacher-forced α on the two sequences below (GSM8K-style and HumanEval-style prompt,
-# the target's own 40 sampled tokens): measured ALPHA_MEASURED at commit time; the bound leaves a margin.
-ALPHA_MEASURED = {"gsm8k": None, "code": None}
-ALPHA_BOUND = 0.0
+# the target's own 40 sampled tokens), measured at commit time (2026-12-03, this CPU); the bounds leave a
+# margin of ~10 %. The previous draft scored 0.556 / 0.259 (it fails the code bound), the scrambled control 0.0.
+ALPHA_MEASURED = {"gsm8k": 0.570, "code": 0.317}
+ALPHA_BOUND = {"gsm8k": 0.50, "code": 0.28}
 PROMPTS = {"gsm8k": "Natalia sold clips to 48 of her friends in April. How many clips did she sell?",
            "code": "Complete the following Python function.\n\n```python\ndef count_vowels(s: str) -> int:\n"
                    "    \"\"\"Return the number of vowels in s.\"\"\"\n```"}
@@ -93,7 +94,7 @@ def test_draft_predicts_the_target_and_a_scrambled_draft_does_not(pair, sequence
     for name, (seq, n) in sequences.items():
         trained = _alpha(pair.target, pair.draft, seq, n)
         control = _alpha(pair.target, scrambled, seq, n)
-        assert trained > ALPHA_BOUND, (name, trained)
+        assert trained > ALPHA_BOUND[name], (name, trained)
         assert control < trained / 2, (name, control, trained)
 
 
