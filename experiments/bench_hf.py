@@ -54,16 +54,16 @@ log = logging.getLogger("bench_hf")
 
 
 # ----------------------------------------------------------------------------------------------- setup
-def load(quick: bool, draft: str):
+def load(quick: bool, draft: str, draft_head: str = "full", quantize: str = "none"):
     """(pair, message): the tiny pair, or the embedded SmolLM2 pair (target only, with a message, when the
     draft has not been trained yet)."""
     from mtad.loading import ModelConfig, load_pair
 
     if quick:
-        return load_pair(ModelConfig(name="tiny", kind="tiny", device="cpu")), None
+        return load_pair(ModelConfig(name="tiny", kind="tiny", device="cpu", quantize=quantize)), None
     try:
-        return load_pair(ModelConfig(name="smollm2", kind="smollm2", draft=draft, device="cpu",
-                                     chat_template=True)), None
+        return load_pair(ModelConfig(name="smollm2", kind="smollm2", draft=draft, device="cpu", chat_template=True,
+                                     draft_head=draft_head, quantize=quantize)), None
     except FileNotFoundError as err:
         msg = (f"the SmolLM2 draft is not there yet ({err}). Train it with `make train-draft`; "
                "until then only greedy is compared with Hugging Face.")
@@ -217,6 +217,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=0.9)
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     p.add_argument("--draft", default="models/smollm2-draft", help="the SmolLM2 draft directory")
+    p.add_argument("--draft-head", default="full", help="model.draft_head: full | int8 | reduced | reduced_int8")
+    p.add_argument("--quantize", default="none", help="model.quantize of the target: none | int8")
+    p.add_argument("--costs", action="store_true",
+                   help="only the step-cost table: target fp32/int8 (1 and gamma+1 tokens), draft per head mode")
+    p.add_argument("--cost-reps", type=int, default=15, help="interleaved rounds of the cost table")
     p.add_argument("--out", default="results/bench.jsonl", help="JSONL file the rows are appended to")
     a = p.parse_args(argv)
     a.prompts = a.prompts or (2 if a.quick else 4)
@@ -230,7 +235,9 @@ def run(args) -> list[dict]:
     from mtad.results import environment_info, git_info
 
     torch.set_num_threads(args.threads)
-    pair, message = load(args.quick, args.draft)
+    if args.costs:
+        return cost_table(args)
+    pair, message = load(args.quick, args.draft, args.draft_head, args.quantize)
     if message:
         print(f"bench_hf: {message}", file=sys.stderr)
     plist = prompts(pair, args.prompts, args.quick)
@@ -240,6 +247,7 @@ def run(args) -> list[dict]:
             "quick": args.quick, "n_prompts": len(plist), "repeats": args.repeats,
             "max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "beam_width": args.beam_width,
             "tau": args.tau, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
+            "draft_head": args.draft_head, "quantize": args.quantize,
             "git_sha": sha, "git_dirty": dirty, **environment_info([pair.device])}
     # Interleaved blocks; each ratio is taken inside one block (same time window, same prompts).
     blocks = [({"greedy": ours("greedy", args), "hf_greedy": hf("greedy", args)}, [("greedy", "hf_greedy")])]
@@ -299,7 +307,91 @@ def bounds(pair, plist, args, measured: dict, base: dict) -> list[dict]:
     return out
 
 
+def cost_table(args) -> list[dict]:
+    """Step costs in one interleaved run (each round times every variant once, medians over rounds):
+    target 1-token step and (gamma+1)-token verify pass, fp32 and int8; draft 1-token step for every head
+    mode. Ratios are to the fp32 target step of the same run."""
+    from mtad import smollm2
+    from mtad.decoding.kv import Session, Stats
+    from mtad.draft_head import install_head
+    from mtad.loading import ModelConfig, load_pair, load_tied_draft, resolve_local
+    from mtad.paths import REPO_ROOT
+    from mtad.quantize import quantize_target
+    from mtad.results import environment_info, git_info
+
+    pair = load_pair(ModelConfig(name="smollm2", kind="smollm2", draft=args.draft, device="cpu", chat_template=True))
+    plist = prompts(pair, args.prompts, False)
+    L = int(statistics.mean(len(p) for p in plist))
+    ids = (plist[0] * (L // len(plist[0]) + 1))[:L]
+    targets = {"fp32": pair.target, "int8": quantize_target(smollm2.load(dtype="float32", device="cpu")[0], "int8")}
+    path = resolve_local(args.draft)
+    drafts = {}
+    for mode in ("full", "int8", "reduced", "reduced_int8"):
+        d = load_tied_draft(path, pair.target)
+        try:
+            install_head(d, mode, path)
+        except FileNotFoundError:
+            continue  # a draft without a reduced head
+        drafts[mode] = d
+    g = args.gamma + 1
+    sessions, fns = {}, {}
+    with torch.inference_mode():
+        for name, model in targets.items():
+            t = sessions[name] = Session(model, Stats(), "target")
+            t.forward(ids)
+            t.sync(ids + [0])
+
+            def step(t=t):
+                t.forward([ids[-1]])
+                t.sync(ids + [0])
+
+            def verify(t=t):
+                t.forward([ids[-1]] * g, keep=g)
+                t.sync(ids + [0])
+
+            fns[f"target_{name}_step"], fns[f"target_{name}_verify"] = step, verify
+        for mode, model in drafts.items():
+            d = Session(model, Stats(), "draft")
+            d.forward(ids)
+            d.sync(ids + [0])
+
+            def dstep(d=d):
+                d.forward([ids[-1]])
+                d.sync(ids + [0])
+
+            fns[f"draft_{mode}_step"] = dstep
+        for fn in fns.values():  # warm-up
+            fn()
+        times = {k: [] for k in fns}
+        for _ in range(args.cost_reps):
+            for k, fn in fns.items():
+                t0 = time.perf_counter()
+                fn()
+                times[k].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ref = med["target_fp32_step"]
+    sha, dirty = git_info(REPO_ROOT)
+    row = {"timestamp": datetime.now(UTC).isoformat(timespec="seconds"), "pair": "smollm2", "bench": "costs",
+           "draft": args.draft, "context_tokens": L, "gamma": args.gamma, "reps": args.cost_reps,
+           "seconds": med, "ratio_to_fp32_step": {k: v / ref for k, v in med.items()},
+           "verify_over_step": {q: med[f"target_{q}_verify"] / med[f"target_{q}_step"] for q in targets},
+           "git_sha": sha, "git_dirty": dirty, **environment_info([pair.device])}
+    return [row]
+
+
+def report_costs(row: dict) -> str:
+    lines = [f"step costs at {row['context_tokens']} context tokens, medians of {row['reps']} interleaved rounds",
+             f"{'step':<26} {'ms':>8} {'/ fp32 target step':>19}"]
+    for k, v in row["seconds"].items():
+        lines.append(f"{k:<26} {1e3 * v:>8.2f} {row['ratio_to_fp32_step'][k]:>19.3f}")
+    lines += [f"{q} target: {row['gamma'] + 1}-token verify / 1-token step = {r:.2f}"
+              for q, r in row["verify_over_step"].items()]
+    return "\n".join(lines)
+
+
 def report(rows: list[dict]) -> str:
+    if rows and rows[0]["bench"] == "costs":
+        return report_costs(rows[0])
     lines = [f"{'A':<12} {'B':<12} {'A tok/s':>8} {'B tok/s':>8} {'A/B':>6}  note"]
     for r in rows:
         if r["bench"] == "ratio":
@@ -331,6 +423,10 @@ def main(argv=None) -> int:
     with open(out, "a") as f:
         f.writelines(json.dumps(r, default=str) + "\n" for r in rows)
     r = rows[0]
+    if r["bench"] == "costs":
+        print(report(rows))
+        print(f"rows appended to {out}")
+        return 0
     print(f"{r['pair']} on {r['device_name']}, {r['num_threads']} thread(s), {r['n_prompts']} GSM8K prompts x "
           f"{r['repeats']} repeats, {r['max_new_tokens']} new tokens, gamma={r['gamma']}:")
     print(report(rows))

@@ -48,6 +48,8 @@ class ModelConfig:
     gpus: int = 0  # GPUs a job needs (SLURM sizing)
     tiny_arch: str = "llama"  # kind=tiny: llama | opt
     seed: int = 0  # kind=tiny: weights seed
+    quantize: str = "none"  # none | int8: the target's Linear layers in torch dynamic int8 (CPU; mtad.quantize)
+    draft_head: str = "full"  # full | int8 | reduced | reduced_int8: the draft's output head (mtad.draft_head)
 
     def __post_init__(self) -> None:
         def bad(key: str, allowed: str) -> None:
@@ -73,6 +75,13 @@ class ModelConfig:
             bad("target", "a hub id or a local directory when kind is 'hf'")
         if self.kind == "tiny" and self.tiny_arch not in ("llama", "opt"):
             bad("tiny_arch", "'llama' or 'opt'")
+        from mtad.draft_head import HEAD_MODES
+        from mtad.quantize import QUANTIZE
+
+        if self.quantize not in QUANTIZE:
+            bad("quantize", str(QUANTIZE))
+        if self.draft_head not in HEAD_MODES:
+            bad("draft_head", str(HEAD_MODES))
 
     @classmethod
     def from_any(cls, cfg: "ModelConfig | Mapping[str, Any] | None" = None, **overrides) -> "ModelConfig":
@@ -88,8 +97,25 @@ def load_pair(cfg: "ModelConfig | Mapping[str, Any]") -> ModelPair:
     cfg = ModelConfig.from_any(cfg)
     loader = {"hf": _load_hf, "tiny": _load_tiny, "smollm2": _load_smollm2}[cfg.kind]
     pair = loader(cfg)
+    _cheaper_passes(cfg, pair)
     pair.info.update(_info(cfg, pair))
     return pair
+
+
+def _cheaper_passes(cfg: ModelConfig, pair: ModelPair) -> None:
+    """``model.draft_head`` on the draft (after it is tied), then ``model.quantize`` on the target."""
+    from mtad.draft_head import install_head
+    from mtad.quantize import quantize_target
+
+    if pair.draft is not None:
+        local = resolve_local(cfg.draft) if cfg.draft else None
+        if cfg.draft_head != "full" and next(pair.draft.parameters()).device.type != "cpu" and "int8" in cfg.draft_head:
+            raise ValueError(f"model.draft_head={cfg.draft_head} is a CPU option: use model.device=cpu or "
+                             "draft_head=full/reduced")
+        install_head(pair.draft, cfg.draft_head, local)
+    elif cfg.draft_head != "full":
+        raise ValueError(f"model.draft_head={cfg.draft_head} needs a draft (model.draft is null)")
+    pair.target = quantize_target(pair.target, cfg.quantize)
 
 
 # ----------------------------------------------------------------------------- kinds
@@ -327,6 +353,7 @@ def _own(draft, target) -> int:
 
 def _info(cfg: ModelConfig, pair: ModelPair) -> dict:
     info = {"name": cfg.name, "kind": cfg.kind, "dtype": cfg.dtype, "draft_dtype": cfg.draft_dtype or cfg.dtype,
+            "quantize": cfg.quantize, "draft_head": cfg.draft_head,
             "device": str(pair.device), "attn_implementation": cfg.attn_implementation,
             "chat_template": cfg.chat_template, "target_params": _count(pair.target),
             "draft_params": _count(pair.draft), "draft_own_params": _own(pair.draft, pair.target)}

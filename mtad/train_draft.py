@@ -41,6 +41,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
+from mtad.draft_head import FILL, HEAD_FILE
 from mtad.loading import tie_to_target
 from mtad.paths import REPO_ROOT, cache_dir, default_data_dir
 
@@ -70,6 +71,7 @@ class TrainDraftConfig:
         "gsm8k": 0.45, "code": 0.40, "alpaca": 0.15})
     lr: float = 1e-3
     min_lr_frac: float = 0.1
+    lr_schedule: str = "cosine"  # cosine (over the run's budget) | constant (after warm-up: runs resumed for longer)
     warmup_steps: int = 10
     weight_decay: float = 0.0
     grad_clip: float = 1.0
@@ -88,6 +90,20 @@ class TrainDraftConfig:
     resume: bool = True
     tiny_hidden: int = 64  # target=tiny only
     tiny_layers: int = 4
+    # --- cached on-policy pipeline (data=cache): see the module docstring and DRAFT.md
+    data: str = "live"  # live: a teacher pass every step | cache: train on cached on-policy teacher top-k
+    loss: str = "kl"  # kl (full vocabulary, data=live) | ce_filtered | tv_filtered | ce_tv
+    tv_weight: float = 1.0  # loss=ce_tv: ce + tv_weight * tv
+    cache_dir: Optional[str] = None  # shards of teacher samples; None: <ckpt_dir>/onpolicy
+    cache_topk: int = 16  # teacher log-probs stored per position (>= gen_top_k)
+    cache_tokens: int = 0  # stop generating once the cache holds this many answer tokens (0 = never stop)
+    train_per_gen: float = 2.0  # answer tokens trained per answer token generated (epochs over new data)
+    cache_rows: int = 8  # cached rows per optimizer step
+    prompt_weight: float = 0.0  # loss weight of the prompt positions (their teacher top-k is cached too)
+    head_vocab: int = 0  # 0: full-vocabulary head; N: a head over the N most frequent tokens (q = 0 elsewhere)
+    head_bias: bool = False  # train a per-token bias on the (reduced) head
+    init_from: Optional[str] = None  # warm-start the layers from this exported draft (e.g. models/smollm2-draft)
+    export_only: bool = False  # evaluate + export the latest checkpoint (no training, checkpoint untouched)
 
     def __post_init__(self) -> None:
         if self.target not in ("smollm2", "tiny"):
@@ -97,6 +113,21 @@ class TrainDraftConfig:
         if len(self.init_layers) != self.layers:
             raise ValueError(f"train_draft.init_layers={list(self.init_layers)} must name one target layer "
                              f"per student layer (layers={self.layers})")
+        if self.lr_schedule not in ("cosine", "constant"):
+            raise ValueError(f"train_draft.lr_schedule={self.lr_schedule!r}: allowed 'cosine' or 'constant'")
+        if self.data not in ("live", "cache"):
+            raise ValueError(f"train_draft.data={self.data!r}: allowed 'live' or 'cache'")
+        if self.loss not in LOSSES:
+            raise ValueError(f"train_draft.loss={self.loss!r}: allowed {LOSSES}")
+        if self.data == "cache" and self.loss == "kl":
+            raise ValueError("train_draft.loss=kl needs the full teacher distribution: with data=cache use "
+                             "ce_filtered, tv_filtered or ce_tv")
+        if self.data == "live" and (self.head_vocab or self.head_bias or self.loss != "kl"):
+            raise ValueError("train_draft.head_vocab/head_bias/loss other than kl need data=cache")
+        if self.cache_topk < self.gen_top_k:
+            raise ValueError(f"train_draft.cache_topk={self.cache_topk} must be >= gen_top_k={self.gen_top_k}")
+        if self.head_vocab < 0 or self.cache_rows < 1 or self.train_per_gen < 0:
+            raise ValueError("train_draft.head_vocab >= 0, cache_rows >= 1 and train_per_gen >= 0 are required")
         if not 0.0 <= self.onpolicy_frac <= 1.0:
             raise ValueError(f"train_draft.onpolicy_frac={self.onpolicy_frac}: allowed 0 <= x <= 1")
         for name, mix, known in (("mix", self.mix, TEXT_SOURCES), ("onpolicy_mix", self.onpolicy_mix, PROMPT_SOURCES)):
@@ -106,6 +137,7 @@ class TrainDraftConfig:
                                  "with at least one positive weight")
 
 
+LOSSES = ("kl", "ce_filtered", "tv_filtered", "ce_tv")
 TEXT_SOURCES = ("gsm8k", "python", "alpaca", "wikitext")
 PROMPT_SOURCES = ("gsm8k", "code", "alpaca")
 CODE_INSTRUCTION = "Complete the following Python function.\n\n```python\n{code}```"
@@ -294,9 +326,36 @@ def build_student(teacher, layers: int, init_layers: list[int]):
 
 
 def trainable_state(student) -> dict[str, torch.Tensor]:
-    """The student's own weights: everything but the shared embedding and head."""
+    """The student's own weights: everything but the shared embedding and head (a head bias is kept)."""
     shared = {"model.embed_tokens.weight", "lm_head.weight"}
     return {k: v for k, v in student.state_dict().items() if k not in shared}
+
+
+def layer_state(student) -> dict[str, torch.Tensor]:
+    """What ``model.safetensors`` stores: the layers and the final norm (no head parameters)."""
+    return {k: v for k, v in trainable_state(student).items() if not k.startswith("lm_head.")}
+
+
+def init_from_draft(student, path: Path) -> None:
+    """Copy an exported draft's layers and norm into ``student`` (same shape required)."""
+    from safetensors.torch import load_file
+
+    f = path / "model.safetensors"
+    if not f.is_file():
+        raise FileNotFoundError(f"train_draft.init_from={str(path)!r}: {f} is missing")
+    weights = load_file(str(f))
+    own = layer_state(student)
+    if set(weights) != set(own) or any(weights[k].shape != own[k].shape for k in own):
+        raise ValueError(f"train_draft.init_from={str(path)!r} does not fit the student (layers/shape differ)")
+    student.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
+
+
+def install_train_head(student, kept: Optional[torch.Tensor], bias: bool) -> None:
+    """A ``DraftHead`` over ``kept`` (None: all ids) on the student's shared embedding; trainable bias optional."""
+    from mtad.draft_head import DraftHead
+
+    head = student.get_output_embeddings().weight  # the target's head (its embedding when tied)
+    student.lm_head = DraftHead(head, kept, None, trainable_bias=bias)
 
 
 # ----------------------------------------------------------------------------- loss
@@ -386,6 +445,237 @@ def _before_eos(gen: torch.Tensor, eos) -> torch.Tensor:
     return (is_eos.cumsum(1) - is_eos) == 0
 
 
+# ----------------------------------------------------------------------------- cached on-policy data
+#
+# Cache format (``cache_dir``, default ``<ckpt_dir>/onpolicy``; format CACHE_FORMAT): one file per shard,
+# ``shard-00000.pt`` ... written atomically (torch.save of a dict), shard i generated with seed
+# ``seed * 1_000_003 + 7919 * (i + 1)`` (so a resumed run regenerates nothing and a lost shard regenerates
+# the same text), plus ``meta.json`` (the generation settings; a mismatching cache is refused). A shard:
+#   {"format": 1, "index": i, "rows": [{"source": str, "ids": int32 (L,) prompt + answer (up to its EOS),
+#     "gen_from": int P - 1 (first position whose next token is an answer token),
+#     "topk_ids": int32 (L - 1, K), "topk_logp": float16 (L - 1, K)}, ...]}
+# where row t of topk_* is the teacher's top-K raw (T = 1) log-softmax at position t, i.e. its distribution
+# of token t + 1, sorted descending. The verification filter (top-k <= K, then top-p) is computed exactly from
+# these K values, so several epochs on the cache cost no teacher pass.
+CACHE_FORMAT = 1
+
+
+def shard_seed(cfg, index: int) -> int:
+    return cfg.seed * 1_000_003 + 7919 * (index + 1)
+
+
+def cache_meta(cfg) -> dict:
+    return {"format": CACHE_FORMAT, "target": cfg.target, "gen_top_k": cfg.gen_top_k, "gen_top_p": cfg.gen_top_p,
+            "gen_tokens": cfg.gen_tokens, "gen_prompt_len": cfg.gen_prompt_len, "gen_batch": cfg.gen_batch,
+            "cache_topk": cfg.cache_topk, "onpolicy_mix": dict(sorted(cfg.onpolicy_mix.items())), "seed": cfg.seed,
+            "tiny": [cfg.tiny_hidden, cfg.tiny_layers] if cfg.target == "tiny" else None}
+
+
+@torch.no_grad()
+def sample_topk(teacher, rows: list[list[int]], pad: int, eos, max_new: int, top_k: int, top_p: float, K: int,
+                gen: torch.Generator) -> list[dict]:
+    """The teacher samples (T=1, top-k, top-p: ``mtad.decoding.filter``) up to ``max_new`` tokens after each
+    prompt, batched with left padding; returns per row the ids and the top-K log-probs at every position."""
+    from transformers import DynamicCache
+
+    from mtad.decoding.filter import filter_probs
+
+    device = teacher.get_input_embeddings().weight.device
+    enc = _left_pad(rows, pad, device)
+    ids, mask = enc["input_ids"], enc["attention_mask"]  # (B, P)
+    B, P = ids.shape
+    eos_ids = torch.tensor(eos if isinstance(eos, (list, tuple)) else [eos], device=device)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, P)
+    cache = DynamicCache(config=teacher.config)
+    h = teacher.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+                      use_cache=True).last_hidden_state  # (B, P, D)
+    prompt_top = []
+    for b, r in enumerate(rows):
+        logp = F.log_softmax(teacher.lm_head(h[b, P - len(r):]).float(), -1)  # (len r, V)
+        prompt_top.append(logp.topk(K, dim=-1))
+    last = torch.stack([t.values[-1] for t in prompt_top]), torch.stack([t.indices[-1] for t in prompt_top])
+    steps_v, steps_i, toks = [], [], []
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    vals, idx = last  # (B, K)
+    for step in range(max_new):
+        if step:
+            mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype, device=device)], 1)
+            pos = pos[:, -1:] + 1
+            h = teacher.model(input_ids=toks[-1][:, None], attention_mask=mask, position_ids=pos,
+                              cache=cache, use_cache=True).last_hidden_state[:, -1]  # (B, D)
+            vals, idx = F.log_softmax(teacher.lm_head(h).float(), -1).topk(K, dim=-1)  # (B, K)
+        steps_v.append(vals)
+        steps_i.append(idx)
+        probs = filter_probs(vals, 1.0, top_k, top_p)  # (B, K): the filter needs only the top-k values
+        choice = torch.multinomial(probs, 1, generator=gen)[:, 0]  # (B,)
+        tok = idx.gather(1, choice[:, None])[:, 0]
+        tok = torch.where(done, torch.full_like(tok, pad), tok)
+        toks.append(tok)
+        done |= torch.isin(tok, eos_ids)
+        if bool(done.all()):
+            break
+    gen_ids = torch.stack(toks, 1)  # (B, G)
+    valid = _before_eos(gen_ids, eos)  # (B, G)
+    sv, si = torch.stack(steps_v, 1), torch.stack(steps_i, 1)  # (B, G, K)
+    out = []
+    for b, r in enumerate(rows):
+        g = int(valid[b].sum())
+        if g == 0:
+            continue
+        # positions 0..len(r)-1 (prompt, last one predicts answer token 0), then answer tokens 0..g-2
+        tv = torch.cat([prompt_top[b].values, sv[b, 1:g]], 0)  # (len r + g - 1, K)
+        ti = torch.cat([prompt_top[b].indices, si[b, 1:g]], 0)
+        out.append({"ids": torch.tensor(r + gen_ids[b, :g].tolist(), dtype=torch.int32),
+                    "gen_from": len(r) - 1, "topk_ids": ti.to(torch.int32).cpu(),
+                    "topk_logp": tv.to(torch.float16).cpu()})
+    return out
+
+
+class OnPolicyCache:
+    """Shards of the teacher's own answers with its top-K log-probs (format above); loaded into memory."""
+
+    def __init__(self, cfg, directory: Path):
+        self.cfg, self.dir = cfg, directory
+        self.rows: list[dict] = []
+        self.loaded: set[int] = set()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        meta, path = cache_meta(cfg), self.dir / "meta.json"
+        if path.is_file():
+            old = json.loads(path.read_text())
+            if old != meta:
+                raise ValueError(f"{self.dir} was generated with other settings ({old}), not {meta}: set "
+                                 "train_draft.cache_dir to another directory or delete that one")
+        else:
+            path.write_text(json.dumps(meta, indent=1))
+
+    def shard_path(self, i: int) -> Path:
+        return self.dir / f"shard-{i:05d}.pt"
+
+    def n_shards(self) -> int:
+        i = 0
+        while self.shard_path(i).is_file():
+            i += 1
+        return i
+
+    def load(self) -> None:
+        for i in range(self.n_shards()):
+            if i not in self.loaded:
+                shard = torch.load(self.shard_path(i), weights_only=False)
+                if shard.get("format") != CACHE_FORMAT:
+                    raise ValueError(f"{self.shard_path(i)} has cache format {shard.get('format')}, not {CACHE_FORMAT}")
+                self.rows += shard["rows"]
+                self.loaded.add(i)
+
+    def answer_tokens(self) -> int:
+        return sum(len(r["ids"]) - 1 - r["gen_from"] for r in self.rows)
+
+    def generate(self, corpus: Corpus, teacher, tok) -> dict:
+        """Generate the next shard (``gen_batch`` prompts from ``onpolicy_mix``) and add it to memory."""
+        cfg, i = self.cfg, self.n_shards()
+        seed = shard_seed(cfg, i)
+        rng = random.Random(seed)
+        sources, weights = zip(*cfg.onpolicy_mix.items())
+        used = [rng.choices(sources, weights)[0] for _ in range(cfg.gen_batch)]
+        prompts = [tok(corpus.prompt(s, rng), add_special_tokens=False)["input_ids"][-cfg.gen_prompt_len:]
+                   for s in used]
+        gen = torch.Generator(device=teacher.get_input_embeddings().weight.device).manual_seed(seed)
+        rows = sample_topk(teacher, prompts, tok.pad_token_id, teacher.generation_config.eos_token_id,
+                           cfg.gen_tokens, cfg.gen_top_k, cfg.gen_top_p, cfg.cache_topk, gen)
+        kept = [dict(r, source=s) for r, s in zip(rows, used)] if len(rows) == len(used) else \
+            [dict(r, source=s) for r, s in zip(rows, [u for u, p in zip(used, prompts) if p])]
+        shard = {"format": CACHE_FORMAT, "index": i, "rows": kept}
+        atomic_save(shard, self.shard_path(i))
+        self.rows += kept
+        self.loaded.add(i)
+        return shard
+
+
+def filtered_targets(topk_logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """p~ on the cached top-K ids: (M, K) raw log-probs sorted descending -> (M, K) filtered probabilities."""
+    from mtad.decoding.filter import filter_probs
+
+    return filter_probs(topk_logp.float(), 1.0, top_k, top_p)  # exactly the decoders' filter (top-k <= K)
+
+
+def filtered_loss(z: torch.Tensor, tgt_ids: torch.Tensor, p_f: torch.Tensor, loss: str, top_k: int, top_p: float,
+                  tv_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(per-position loss (M,), per-position alpha (M,)) of student logits ``z`` (M, N) against p~.
+
+    ``tgt_ids`` (M, K) are the cached ids mapped to head columns (-1: outside the head, dropped), ``p_f``
+    (M, K) their filtered probabilities p~. ``ce_filtered`` = -sum p~ log q (= KL(p~ || q) + const; p~ is
+    renormalised over the ids the head can output); ``tv_filtered`` = 1 - sum min(p~, q~) = TV(p~, q~) with
+    q~ the student's own filtered distribution (its support mask carries no gradient); ``ce_tv`` = both.
+    alpha = sum min(p~, q~) is the verification acceptance of this position (p~ unrenormalised).
+    """
+    inside = tgt_ids >= 0  # (M, K)
+    cols = tgt_ids.clamp(min=0).long()
+    log_q = F.log_softmax(z.float(), -1)  # (M, N)
+    # q~: the student's top-k then top-p filter; membership by value (>= its smallest kept value)
+    q = log_q.exp()
+    qv, _ = q.topk(min(top_k, q.shape[-1]), dim=-1)  # (M, k) sorted
+    keep_v = _nucleus_mask(qv.detach(), top_p)  # (M, k)
+    thresh = torch.where(keep_v, qv.detach(), torch.full_like(qv, float("inf"))).min(-1).values  # (M,)
+    z_q = (qv * keep_v).sum(-1)  # (M,) normaliser of q~
+    q_at = q.gather(1, cols)  # (M, K)
+    q_f = torch.where(inside & (q_at >= thresh[:, None]), q_at / z_q[:, None], torch.zeros_like(q_at))
+    alpha = torch.minimum(p_f * inside, q_f).sum(-1)  # (M,)
+    ce = -(p_f * inside * log_q.gather(1, cols)).sum(-1) / (p_f * inside).sum(-1).clamp(min=1e-6)
+    if loss == "ce_filtered":
+        out = ce
+    elif loss == "tv_filtered":
+        out = 1 - alpha
+    elif loss == "ce_tv":
+        out = ce + tv_weight * (1 - alpha)
+    else:
+        raise ValueError(f"filtered_loss: unknown loss {loss!r}")
+    return out, alpha.detach()
+
+
+def _nucleus_mask(sorted_p: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Mask of the smallest prefix of descending ``sorted_p`` (unnormalised) whose share reaches top_p."""
+    total = sorted_p.sum(-1, keepdim=True)
+    before = (sorted_p.cumsum(-1) - sorted_p) / total
+    return before < top_p if top_p < 1.0 else torch.ones_like(sorted_p, dtype=torch.bool)
+
+
+def cache_batch(rows: list[dict], col_of: Optional[torch.Tensor], cfg, device) -> dict:
+    """Right-padded inputs and the supervised positions' cached targets for a list of cached rows."""
+    L = max(len(r["ids"]) for r in rows) - 1
+    ids = torch.zeros(len(rows), L, dtype=torch.long)
+    select = torch.zeros(len(rows), L, dtype=torch.bool)
+    weight = torch.zeros(len(rows), L)
+    t_ids, t_lp = [], []
+    for b, r in enumerate(rows):
+        n = len(r["ids"]) - 1
+        ids[b, :n] = r["ids"][:-1].long()
+        first = 0 if cfg.prompt_weight > 0 else r["gen_from"]
+        select[b, first:n] = True
+        weight[b, first:n] = 1.0
+        weight[b, first:r["gen_from"]] = cfg.prompt_weight
+        t_ids.append(r["topk_ids"][first:n].long())
+        t_lp.append(r["topk_logp"][first:n])
+    t_ids = torch.cat(t_ids)  # (M, K)
+    cols = t_ids if col_of is None else col_of[t_ids]
+    return {"input_ids": ids.to(device), "select": select.to(device), "weight": weight[select].to(device),
+            "cols": cols.to(device), "p_f": filtered_targets(torch.cat(t_lp), cfg.gen_top_k, cfg.gen_top_p).to(device)}
+
+
+def head_vocab_ids(corpus: Corpus, rows: list[dict], n: int, vocab: int, special: list[int]) -> torch.Tensor:
+    """The ``n`` ids kept by a reduced head: special tokens, then by frequency in the teacher's cached top-10
+    supports (on-policy training prompts) and in the training text (GSM8K train, Alpaca seeds, stdlib)."""
+    counts = torch.zeros(vocab, dtype=torch.float64)
+    for r in rows:
+        counts += torch.bincount(r["topk_ids"][:, :10].reshape(-1).long(), minlength=vocab).double() * 4.0
+    rng = random.Random(0)
+    for source in ("gsm8k", "alpaca", "python"):
+        docs = corpus.docs(source)
+        for i in rng.sample(range(len(docs)), min(len(docs), 400)):
+            counts += torch.bincount(torch.tensor(corpus.ids(source, i), dtype=torch.long), minlength=vocab).double()
+    counts[torch.tensor(sorted(set(special)), dtype=torch.long)] = float("inf")
+    n = min(n, vocab)
+    return counts.argsort(descending=True, stable=True)[:n].sort().values
+
+
 # ----------------------------------------------------------------------------- held-out evaluation
 
 def warp(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -400,6 +690,14 @@ def warp(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     sorted_p = sorted_p.masked_fill(drop, 0.0)
     out = torch.zeros_like(probs).scatter(-1, order, sorted_p)
     return out / out.sum(-1, keepdim=True)
+
+
+def _filtered(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """The decoders' filter (``filter_probs``: exactly top_k tokens, then the nucleus; no full-vocabulary
+    sort when top_k > 0); ``warp`` for top_k = 0."""
+    from mtad.decoding.filter import filter_probs
+
+    return filter_probs(logits, 1.0, top_k, top_p) if top_k else warp(logits, top_k, top_p)
 
 
 def eval_prompts(corpus: Corpus, n_gsm8k: int, n_humaneval: int) -> list[tuple[str, str]]:
@@ -457,17 +755,23 @@ def evaluate(student, eval_set: dict, gamma: int = 4) -> dict:
         logits = student(input_ids=ids[None, :-1]).logits[0, P - 1:].float()  # (G, V)
         log_p = item["log_p"].to(device).float()  # (G, V)
         log_q = F.log_softmax(logits, -1)
-        pw = warp(log_p, eval_set["top_k"], eval_set["top_p"])
-        qw = warp(log_q, eval_set["top_k"], eval_set["top_p"])
-        d = per.setdefault(item["domain"], {"top1": [], "alpha": [], "kl": []})
+        pw = _filtered(log_p, eval_set["top_k"], eval_set["top_p"])
+        qw = _filtered(log_q, eval_set["top_k"], eval_set["top_p"])
+        d = per.setdefault(item["domain"], {"top1": [], "alpha": [], "kl": [], "coverage": []})
         d["top1"] += (log_p.argmax(-1) == log_q.argmax(-1)).float().tolist()
         d["alpha"] += torch.minimum(pw, qw).sum(-1).tolist()
-        d["kl"] += (log_p.exp() * (log_p - log_q)).sum(-1).tolist()
-    per["all"] = {k: sum((d[k] for d in per.values()), []) for k in ("top1", "alpha", "kl")}
+        # a reduced head gives q = 0 outside its vocabulary: KL over the head's vocabulary (p renormalised
+        # there), and coverage = p~ mass inside it (an upper bound on alpha)
+        inside = logits > FILL / 2  # (G, V)
+        lp_in = torch.where(inside, log_p, torch.full_like(log_p, -float("inf"))).log_softmax(-1)
+        d["kl"] += (lp_in.exp() * (lp_in - log_q)).where(inside, torch.zeros_like(log_q)).sum(-1).tolist()
+        d["coverage"] += (pw * inside).sum(-1).tolist()
+    keys = ("top1", "alpha", "kl", "coverage")
+    per["all"] = {k: sum((d[k] for d in per.values()), []) for k in keys}
     result = {}
     for domain, d in per.items():
         alpha = _mean(d["alpha"])
-        result[domain] = {"top1": _mean(d["top1"]), "alpha": alpha, "kl": _mean(d["kl"]),
+        result[domain] = {"top1": _mean(d["top1"]), "alpha": alpha, "kl": _mean(d["kl"]), "coverage": _mean(d["coverage"]),
                           "positions": len(d["top1"]),
                           "block_efficiency": (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1}
     return result
@@ -497,6 +801,19 @@ def _resolve(path: str) -> Path:
     return p if p.is_absolute() else REPO_ROOT / p
 
 
+def head_tensors(student) -> dict[str, torch.Tensor]:
+    """What ``head.safetensors`` stores for a trained ``DraftHead``: kept ids (int64) and bias (fp32), or {}."""
+    head = student.lm_head
+    if not hasattr(head, "compact"):
+        return {}
+    V = head.vocab_size
+    kept = head.kept_ids if head.kept_ids is not None else torch.arange(V)
+    out = {"kept_ids": kept.detach().to("cpu", torch.int64).contiguous()}
+    if head.bias is not None:
+        out["bias"] = head.bias.detach().to("cpu", torch.float32).contiguous()
+    return out
+
+
 def export(student, out_dir: Path, meta: dict) -> Path:
     """Write config.json, the non-embedding weights (fp16 safetensors), draft.json and MODEL_CARD.md atomically.
 
@@ -508,11 +825,16 @@ def export(student, out_dir: Path, meta: dict) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
         tmp.chmod(0o755)
-        weights = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in trainable_state(student).items()}
+        weights = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in layer_state(student).items()}
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        head = head_tensors(student)
+        if head:
+            save_file(head, str(tmp / HEAD_FILE), metadata={"format": "pt"})
         student.config.save_pretrained(tmp)
         (tmp / "draft.json").write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
         (tmp / "MODEL_CARD.md").write_text(model_card(meta))
+        for f in tmp.iterdir():
+            f.chmod(0o644)  # safetensors/mkstemp may leave 0600: committed files are world-readable
         old = out_dir.with_name(f".{out_dir.name}.old")
         shutil.rmtree(old, ignore_errors=True)
         if out_dir.exists():
@@ -525,7 +847,92 @@ def export(student, out_dir: Path, meta: dict) -> Path:
     return out_dir
 
 
+def _card_cached(meta: dict) -> str:
+    """The model card of a draft trained on the cached on-policy pipeline (data=cache)."""
+    c = meta["config"]
+    ev, ev0, heads = meta.get("eval", {}), meta.get("eval_init", {}), meta.get("eval_heads", {})
+
+    def row(name, e):
+        return (f"| {name} | {e.get('top1', float('nan')):.3f} | {e.get('alpha', float('nan')):.3f} | "
+                f"{e.get('coverage', float('nan')):.3f} | {e.get('block_efficiency', float('nan')):.2f} | "
+                f"{e.get('positions', 0)} |")
+
+    table = "\n".join([row(f"trained, {d}", ev[d]) for d in ev] + [row(f"initial (step 0), {d}", ev0[d]) for d in ev0])
+    head_rows = "\n".join(
+        f"| `{mode}` | " + " | ".join(f"{r[d]['alpha']:.3f}" for d in ("gsm8k", "humaneval", "all") if d in r) + " |"
+        for mode, r in heads.items())
+    curve = "\n".join(f"| {e['step']:,} | {e['tokens']:,} | {e.get('gsm8k', float('nan')):.3f} | "
+                      f"{e.get('humaneval', float('nan')):.3f} | {e.get('all', float('nan')):.3f} |"
+                      for e in meta.get("alpha_vs_tokens", []))
+    onmix = ", ".join(f"{k} {v:.0%}" for k, v in c["onpolicy_mix"].items())
+    by_src = ", ".join(f"{k} {v:,}" for k, v in sorted(meta["tokens_by_source"].items()))
+    head = (f"a reduced head over the {meta['head_vocab']:,} most frequent tokens (`head.safetensors`: kept ids"
+            f"{' + a trained per-token bias' if c['head_bias'] else ''}; q = 0 outside them)"
+            if c["head_vocab"] else "the full-vocabulary tied head")
+    return f"""# smollm2-draft: a {meta['layers']}-layer draft for SmolLM2-135M-Instruct
+
+Generated by `python -m mtad.train_draft` at export; rerun it to reproduce (command below).
+
+## Architecture
+- Llama decoder, d = {meta['hidden']}, {meta['layers']} layers, {meta['heads']} query / {meta['kv_heads']} KV heads,
+  the target's tokenizer (vocabulary {meta['vocab']:,}); output: {head}.
+- Stored: {meta['own_params']:,} parameters (layers + final norm in fp16 `model.safetensors`, head ids/bias in
+  `head.safetensors`), {meta['file_mb']:.1f} MB. The embedding and the head rows are the target's own tensor,
+  re-tied at load (`mtad.loading.load_pair`, kind `smollm2`); `model.draft_head` picks the inference head
+  (`full` | `int8` | `reduced` | `reduced_int8`, `mtad.draft_head`).
+
+## Training (cached on-policy distillation)
+- Warm start: {c['init_from'] or 'target layers ' + str(c['init_layers'])}.
+- Data: the target's own answers (T = 1, top-k {c['gen_top_k']}, top-p {c['gen_top_p']}, ≤ {c['gen_tokens']} tokens) to
+  training-split prompts ({onmix}; code = standard-library function signature + docstring, raw or in the
+  chat template; GSM8K **train** questions; Alpaca seed instructions), generated in batches of {c['gen_batch']} and
+  cached with the target's top-{c['cache_topk']} log-probs at every position ({meta['cache_rows']:,} answers,
+  {meta['cache_answer_tokens']:,} answer tokens; generation took {meta['gen_minutes']:.0f} min). Training reads only
+  the cache: {c['train_per_gen']:g} trained tokens per generated token, no teacher pass.
+- Loss `{c['loss']}` against the **filtered** target distribution p̃ (T = 1, top-k {c['gen_top_k']}, top-p {c['gen_top_p']}, the
+  verification filter): cross-entropy −Σ p̃ log q{' + ' + format(c['tv_weight'], 'g') + ' × TV(p̃, q̃)' if c['loss'] == 'ce_tv' else ''}
+  (TV = 1 − Σ min(p̃, q̃) = 1 − α with q̃ the student's own filtered distribution); AdamW, lr {c['lr']}
+  ({c['lr_schedule']}); embedding frozen.
+- Steps: {meta['steps']:,}; supervised answer positions: {meta['tokens']:,} ({by_src});
+  wall time {meta['train_minutes']:.1f} min on {meta['device_desc']}, shared with other jobs.
+- No evaluation prompts in the data: GSM8K test, HumanEval, MT-Bench, Spider, Spec-Bench, WikiText-2 test
+  and the ChatGPT prompts are never read by the trainer.
+- Final loss (mean of the last {meta['loss_window']} steps): {meta['final_loss']:.3f}; training-batch α {meta['train_alpha']:.3f}.
+
+## Held-out agreement with the target
+The target's own sampled continuations ({c['eval_tokens']} tokens, T = 1, top-k {c['gen_top_k']}, top-p {c['gen_top_p']}) of
+{c['eval_gsm8k']} GSM8K test questions and {c['eval_humaneval']} HumanEval prompts, chat template; teacher-forced.
+top-1 = argmax agreement; α = mean Σ_v min(p̃, q̃) under the same filter; coverage = p̃ mass inside the
+draft's vocabulary (an upper bound on α); block efficiency = (1 − α^5)/(1 − α), the i.i.d. estimate for γ = 4.
+
+| draft, domain | top-1 | α | coverage | block eff. (est.) | positions |
+| --- | --- | --- | --- | --- | --- |
+{table}
+
+α by inference head (`model.draft_head`):
+
+| head | α GSM8K | α HumanEval | α all |
+| --- | --- | --- | --- |
+{head_rows}
+
+α against training tokens (held-out, during this run):
+
+| step | answer tokens trained | α GSM8K | α HumanEval | α all |
+| --- | --- | --- | --- | --- |
+{curve}
+
+## Speculative / MTAD figures
+- Measured acceptance rate and block efficiency of `speculative` (γ = 4) on GSM8K / HumanEval: **TO BE MEASURED**
+- ms/token vs. target-only sampling on CPU: **TO BE MEASURED**
+
+## Reproduce
+`{meta['command']}`
+"""
+
+
 def model_card(meta: dict) -> str:
+    if meta["config"].get("data") == "cache":
+        return _card_cached(meta)
     ev, ev0 = meta.get("eval", {}), meta.get("eval_init", {})
 
     def row(name, e):
@@ -608,11 +1015,51 @@ class Trainer:
         self.teacher, self.tok = load_teacher(cfg, self.device)
         self.corpus = Corpus(self.tok, Path(cfg.data_dir) if cfg.data_dir else default_data_dir())
         self.student = build_student(self.teacher, cfg.layers, list(cfg.init_layers))
+        if cfg.init_from:
+            init_from_draft(self.student, _resolve(cfg.init_from))
+        self.cache, self.kept, self.col_of = None, None, None
+        if cfg.data == "cache":
+            self.cache = OnPolicyCache(cfg, _resolve(cfg.cache_dir) if cfg.cache_dir else self.ckpt_dir / "onpolicy")
+            self.cache.load()
+            self._setup_head()
         params = [p for p in self.student.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.state = {"step": 0, "tokens": 0, "seconds": 0.0, "onpolicy_steps": 0, "tokens_by_source": {},
-                      "losses": [], "evals": []}
+                      "losses": [], "evals": [], "gen_seconds": 0.0, "train_alpha": []}
         self.eval_set = None
+
+    def _setup_head(self) -> None:
+        """Reduced head: its kept ids come from the checkpoint, else from the first shard + training text."""
+        cfg = self.cfg
+        if not (cfg.head_vocab or cfg.head_bias):
+            return
+        kept = None
+        if cfg.head_vocab:
+            path = self.ckpt_path()
+            if cfg.resume and path.is_file():
+                kept = torch.load(path, map_location="cpu", weights_only=False).get("kept_ids")
+            if kept is None:
+                if not self.cache.rows:
+                    self._generate()
+                V = self.teacher.config.vocab_size
+                special = [i for i in (self.tok.eos_token_id, self.tok.bos_token_id, self.tok.pad_token_id)
+                           if i is not None] + list(getattr(self.tok, "all_special_ids", []))
+                kept = head_vocab_ids(self.corpus, self.cache.rows, cfg.head_vocab, V, special)
+            self.kept = kept.long()
+            self.col_of = torch.full((self.teacher.config.vocab_size,), -1, dtype=torch.long)
+            self.col_of[self.kept] = torch.arange(len(self.kept))
+        install_train_head(self.student, None if self.kept is None else self.kept.to(self.device), cfg.head_bias)
+
+    def _generate(self) -> int:
+        t0 = time.monotonic()
+        shard = self.cache.generate(self.corpus, self.teacher, self.tok)
+        dt = time.monotonic() - t0
+        n = sum(len(r["ids"]) - 1 - r["gen_from"] for r in shard["rows"])
+        if hasattr(self, "state"):
+            self.state["gen_seconds"] = self.state.get("gen_seconds", 0.0) + dt
+        log.info("cache shard %d: the target sampled %d answer tokens in %.0f s (%.1f tok/s); cache %d tokens",
+                 shard["index"], n, dt, n / max(dt, 1e-9), self.cache.answer_tokens())
+        return n
 
     # -- checkpoint
     def ckpt_path(self) -> Path:
@@ -620,7 +1067,7 @@ class Trainer:
 
     def save(self) -> None:
         atomic_save({"student": trainable_state(self.student), "opt": self.opt.state_dict(),
-                     "state": self.state, "config": asdict(self.cfg)}, self.ckpt_path())
+                     "state": self.state, "config": asdict(self.cfg), "kept_ids": self.kept}, self.ckpt_path())
         log.info("checkpoint: step %d -> %s", self.state["step"], self.ckpt_path())
 
     def maybe_resume(self) -> bool:
@@ -629,8 +1076,8 @@ class Trainer:
             return False
         ck = torch.load(path, map_location=self.device, weights_only=False)
         old = ck["config"]
-        for key in ("target", "layers", "init_layers", "tiny_hidden", "tiny_layers"):
-            if old.get(key) != getattr(self.cfg, key) and not (key == "init_layers" and list(old[key]) == list(self.cfg.init_layers)):
+        for key in ("target", "layers", "init_layers", "tiny_hidden", "tiny_layers", "head_vocab", "head_bias"):
+            if old.get(key, TrainDraftConfig.__dataclass_fields__[key].default) != getattr(self.cfg, key) and not (key == "init_layers" and list(old[key]) == list(self.cfg.init_layers)):
                 raise ValueError(f"checkpoint {path} was trained with {key}={old.get(key)!r}, not "
                                  f"{getattr(self.cfg, key)!r}: delete it or set train_draft.resume=false")
         missing, unexpected = self.student.load_state_dict(ck["student"], strict=False)
@@ -652,6 +1099,8 @@ class Trainer:
     def lr(self) -> float:
         cfg, step = self.cfg, self.state["step"]
         warm = min(1.0, (step + 1) / max(cfg.warmup_steps, 1))
+        if cfg.lr_schedule == "constant":
+            return cfg.lr * warm
         cos = 0.5 * (1 + math.cos(math.pi * min(self.progress(), 1.0)))
         return cfg.lr * warm * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * cos)
 
@@ -659,6 +1108,8 @@ class Trainer:
     def round(self) -> list[float]:
         """One data batch and the optimizer steps on it (on-policy batches are split into row chunks)."""
         cfg, s = self.cfg, self.state
+        if cfg.data == "cache":
+            return self.round_cached()
         seed = cfg.seed * 1_000_003 + s["step"]  # the data after optimizer step n depends on n alone
         rng = random.Random(seed)
         onpolicy = rng.random() < cfg.onpolicy_frac
@@ -673,6 +1124,48 @@ class Trainer:
         losses = [self.optimize(batch, used, "gen" if onpolicy else "text") for batch, used in chunks]
         s["onpolicy_steps"] += len(chunks) if onpolicy else 0
         return losses
+
+    def wants_shard(self) -> bool:
+        """Generate when the cache is empty or training has used ``train_per_gen`` x the cached answers."""
+        cfg, n = self.cfg, self.cache.answer_tokens()
+        if cfg.cache_tokens and n >= cfg.cache_tokens and self.cache.rows:
+            return False
+        return not self.cache.rows or self.state["tokens"] >= cfg.train_per_gen * n
+
+    def round_cached(self) -> list[float]:
+        """Generate a shard when due, else one optimizer step on ``cache_rows`` random cached rows."""
+        cfg, s = self.cfg, self.state
+        if self.wants_shard():
+            self._generate()
+            return [s["losses"][-1] if s["losses"] else float("nan")]
+        rng = random.Random(cfg.seed * 1_000_003 + s["step"])
+        rows = [self.cache.rows[rng.randrange(len(self.cache.rows))] for _ in range(cfg.cache_rows)]
+        batch = cache_batch(rows, self.col_of, cfg, self.device)
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr()
+        self.student.eval()
+        h = self.student.model(input_ids=batch["input_ids"]).last_hidden_state  # (B, L, D)
+        head = self.student.lm_head
+        z = head.compact(h[batch["select"]]) if hasattr(head, "compact") else head(h[batch["select"]])  # (M, N)
+        per, alpha = filtered_loss(z, batch["cols"], batch["p_f"], cfg.loss, cfg.gen_top_k, cfg.gen_top_p,
+                                   cfg.tv_weight)
+        w = batch["weight"]
+        loss = (per * w).sum() / w.sum()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for p in self.student.parameters() if p.requires_grad], cfg.grad_clip)
+        self.opt.step()
+        answer = w == 1.0
+        n = int(answer.sum())
+        for r in rows:
+            key = f"cache:{r['source']}"
+            s["tokens_by_source"][key] = s["tokens_by_source"].get(key, 0) + len(r["ids"]) - 1 - r["gen_from"]
+        s["step"] += 1
+        s["onpolicy_steps"] += 1
+        s["tokens"] += n
+        s["losses"] = (s["losses"] + [loss.item()])[-200:]
+        s["train_alpha"] = (s.get("train_alpha", []) + [float(alpha[answer].mean()) if n else float("nan")])[-200:]
+        return [loss.item()]
 
     def optimize(self, batch: dict, used: list[str], kind: str) -> float:
         s = self.state
@@ -720,20 +1213,42 @@ class Trainer:
     def run(self) -> dict:
         self.maybe_resume()  # replaces self.state: bind `s` only afterwards
         cfg, s = self.cfg, self.state
+        if cfg.export_only:  # e.g. while a background run keeps training from the same checkpoint
+            if not s["evals"] or s["evals"][-1]["step"] != s["step"]:
+                self.evaluate()
+            return self.finish()
         if not s["evals"]:
             self.evaluate()
+        base_seconds = s["seconds"]
+        stop = _StopFlag()
+        try:
+            self._loop(stop, base_seconds)
+        finally:
+            stop.restore()
+        if not s["evals"] or s["evals"][-1]["step"] != s["step"]:
+            self.evaluate()
+        self.save()
+        return self.finish()
+
+    def _loop(self, stop: "_StopFlag", base_seconds: float) -> None:
+        cfg, s = self.cfg, self.state
         start, last_ckpt, last_eval = time.monotonic(), time.monotonic(), time.monotonic()
         window_t, window_tok = time.monotonic(), 0
-        base_seconds = s["seconds"]
         while self.progress() < 1.0:
+            if stop.raised:
+                self.save()
+                log.info("stopped by signal %s at step %d: checkpoint saved, rerun the same command to resume",
+                         stop.raised, s["step"])
+                raise SystemExit(0)
             tokens0, step0 = s["tokens"], s["step"]
             loss = self.round()[-1]
             s["seconds"] = base_seconds + time.monotonic() - start
             window_tok += s["tokens"] - tokens0
             if s["step"] // cfg.log_every != step0 // cfg.log_every:
                 now = time.monotonic()
-                log.info("step %d  loss %.4f (avg20 %.4f)  lr %.2e  tokens %d  %.0f tok/s  %.1f/%.1f min",
-                         s["step"], loss, _mean(s["losses"][-20:]), self.lr(), s["tokens"],
+                log.info("step %d  loss %.4f (avg20 %.4f)  train alpha %.3f  lr %.2e  tokens %d  %.0f tok/s  "
+                         "%.1f/%.1f min", s["step"], loss, _mean(s["losses"][-20:]),
+                         _mean(s.get("train_alpha", [])[-20:]), self.lr(), s["tokens"],
                          window_tok / max(now - window_t, 1e-9), s["seconds"] / 60, cfg.max_minutes)
                 window_t, window_tok = now, 0
             if time.monotonic() - last_ckpt > 60 * cfg.ckpt_minutes:
@@ -742,10 +1257,6 @@ class Trainer:
             if cfg.eval_minutes and time.monotonic() - last_eval > 60 * cfg.eval_minutes:
                 self.evaluate()
                 last_eval = time.monotonic()
-        if not s["evals"] or s["evals"][-1]["step"] != s["step"]:
-            self.evaluate()
-        self.save()
-        return self.finish()
 
     def finish(self) -> dict:
         cfg, s = self.cfg, self.state
@@ -763,12 +1274,44 @@ class Trainer:
             "tied_embedding_from": "smollm2-135m-instruct" if cfg.target == "smollm2" else "tiny",
             "file_mb": own * 2 / 2**20, "device_desc": self._device_desc(),
             "command": "python -m mtad.train_draft " + " ".join(_overrides(cfg)),
+            "alpha_vs_tokens": [{"step": e["step"], "tokens": e["tokens"],
+                                 **{d: round(e[d]["alpha"], 4) for d in ("gsm8k", "humaneval", "all") if d in e}}
+                                for e in s["evals"]],
+            "head_vocab": int(self.kept.numel()) if self.kept is not None else c.vocab_size,
+            "cache_answer_tokens": self.cache.answer_tokens() if self.cache is not None else 0,
+            "cache_rows": len(self.cache.rows) if self.cache is not None else 0,
+            "gen_minutes": s.get("gen_seconds", 0.0) / 60,
+            "train_alpha": _mean(s.get("train_alpha", [])[-window:]),
         }
+        if self.device.type == "cpu":
+            meta["eval_heads"] = self.evaluate_heads()
         for key in ("eval", "eval_init"):
             meta[key] = {k: v for k, v in meta[key].items() if isinstance(v, dict)}
         if cfg.out_dir:
             export(self.student, _resolve(cfg.out_dir), meta)
         return meta
+
+    def evaluate_heads(self) -> dict:
+        """Held-out results ('all') of the student with each inference head of ``mtad.draft_head`` (CPU)."""
+        from mtad.draft_head import DraftHead
+
+        trained = self.student.lm_head
+        emb = self.teacher.get_output_embeddings().weight  # the student's head rows are the target's
+        bias = trained.bias.detach() if hasattr(trained, "compact") and trained.bias is not None else None
+        out = {}
+        try:
+            for mode, kept, int8 in (("full", None, False), ("int8", None, True),
+                                     ("reduced", self.kept, False), ("reduced_int8", self.kept, True)):
+                if mode.startswith("reduced") and kept is None:
+                    continue
+                b = bias
+                if bias is not None and kept is None and self.kept is not None:
+                    b = torch.zeros(emb.shape[0], device=bias.device).index_copy_(0, self.kept.to(bias.device), bias)
+                self.student.lm_head = DraftHead(emb, None if kept is None else kept.to(emb.device), b, int8=int8)
+                out[mode] = evaluate(self.student, self.get_eval_set())
+        finally:
+            self.student.lm_head = trained
+        return out
 
     def _device_desc(self) -> str:
         if self.device.type == "cuda":
@@ -776,12 +1319,34 @@ class Trainer:
         return f"CPU, {torch.get_num_threads()} thread(s)"
 
 
+class _StopFlag:
+    """SIGTERM / SIGINT set ``raised`` (the loop then checkpoints and exits) instead of killing mid-step."""
+
+    def __init__(self):
+        import signal
+        import threading
+
+        self.raised, self._old = None, {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._set)
+
+    def _set(self, signum, frame) -> None:
+        self.raised = signum
+
+    def restore(self) -> None:
+        import signal
+
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
 def _overrides(cfg: TrainDraftConfig) -> list[str]:
     """The command-line overrides that differ from the defaults (for the model card's reproduce line)."""
     default = TrainDraftConfig()
     out = []
     for key, value in asdict(cfg).items():
-        if key in ("ckpt_dir", "data_dir", "resume"):
+        if key in ("ckpt_dir", "data_dir", "resume", "export_only", "out_dir", "cache_dir"):
             continue
         if value != getattr(default, key):
             out.append(f"{key}={json.dumps(value).replace(' ', '')}")

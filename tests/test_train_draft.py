@@ -182,3 +182,107 @@ def test_hydra_config_composes():
         assert cfg.max_minutes <= 70
         with pytest.raises(ConfigCompositionException):
             compose(config_name="train_draft", overrides=["max_minuts=1"])
+
+
+# ----------------------------------------------------------------------------- cached on-policy pipeline
+
+def _cached(tmp_path, data_dir, **kw) -> td.TrainDraftConfig:
+    base = dict(data="cache", loss="ce_tv", gen_batch=4, gen_tokens=12, cache_topk=12, cache_rows=2,
+                train_per_gen=2.0, lr=3e-3, max_steps=16, onpolicy_frac=0.0)
+    base.update(kw)
+    return _cfg(tmp_path, data_dir, **base)
+
+
+def test_cached_training_raises_held_out_alpha(tmp_path, data_dir):
+    meta = td.Trainer(_cached(tmp_path, data_dir, max_steps=30, head_vocab=160, head_bias=True)).run()
+    first, last = meta["eval_init"]["all"], meta["eval"]["all"]
+    assert meta["cache_rows"] > 0 and meta["head_vocab"] == 160
+    assert last["alpha"] > first["alpha"] + 0.02, (first["alpha"], last["alpha"])
+    assert set(meta["eval_heads"]) == {"full", "int8", "reduced", "reduced_int8"}
+
+
+def test_cached_zero_lr_is_a_negative_control(tmp_path, data_dir):
+    meta = td.Trainer(_cached(tmp_path, data_dir, lr=0.0, max_steps=8)).run()
+    assert meta["eval"]["all"]["alpha"] == pytest.approx(meta["eval_init"]["all"]["alpha"], abs=1e-9)
+
+
+def test_cache_shards_match_the_teacher_and_resume(tmp_path, data_dir):
+    """The cached top-K log-probs are the teacher's own at each position; a second trainer reuses the shards."""
+    cfg = _cached(tmp_path, data_dir, max_steps=6)
+    first = td.Trainer(cfg)
+    first.run()
+    n = first.cache.n_shards()
+    assert n >= 1
+    row = first.cache.rows[0]
+    with torch.no_grad():
+        logp = torch.log_softmax(first.teacher(input_ids=row["ids"][None, :-1].long()).logits[0], -1)  # (L-1, V)
+    top = logp.topk(cfg.cache_topk, -1)
+    assert torch.equal(top.indices.int(), row["topk_ids"])
+    assert torch.allclose(top.values, row["topk_logp"].float(), atol=1e-2)
+    # answer tokens are within the teacher's filtered support at their position
+    ans = row["ids"][row["gen_from"] + 1:].long()
+    p_f = td.filtered_targets(row["topk_logp"][row["gen_from"]:], cfg.gen_top_k, cfg.gen_top_p)
+    hit = (row["topk_ids"][row["gen_from"]:].long() == ans[:, None]) & (p_f > 0)
+    assert bool(hit.any(-1).all())
+    second = td.Trainer(cfg)
+    assert len(second.cache.rows) == len(first.cache.rows) and second.cache.n_shards() == n
+    with pytest.raises(ValueError, match="other settings"):
+        td.Trainer(replace(cfg, gen_top_k=5, cache_topk=12))
+
+
+def test_filtered_loss_alpha_is_sum_min_of_filtered_distributions():
+    from mtad.decoding.filter import filter_probs
+
+    torch.manual_seed(0)
+    V, K = 50, 16
+    t_logits, s_logits = torch.randn(6, V) * 2, torch.randn(6, V) * 2
+    p_full, q_full = filter_probs(t_logits, 1.0, 10, 0.9), filter_probs(s_logits, 1.0, 10, 0.9)
+    want = torch.minimum(p_full, q_full).sum(-1)
+    top = torch.log_softmax(t_logits, -1).topk(K, -1)
+    p_f = td.filtered_targets(top.values, 10, 0.9)
+    per, alpha = td.filtered_loss(s_logits, top.indices, p_f, "tv_filtered", 10, 0.9)
+    assert torch.allclose(alpha, want, atol=1e-5) and torch.allclose(per, 1 - want, atol=1e-5)
+    per_self, alpha_self = td.filtered_loss(t_logits, top.indices, p_f, "ce_tv", 10, 0.9)
+    assert torch.allclose(alpha_self, torch.ones(6), atol=1e-5)  # the teacher as its own student
+    # a column outside the head is dropped: alpha can only fall
+    cols = top.indices.clone()
+    cols[:, 0] = -1
+    _, alpha_cut = td.filtered_loss(s_logits, cols, p_f, "ce_filtered", 10, 0.9)
+    assert bool((alpha_cut <= alpha + 1e-6).all())
+
+
+def test_export_with_reduced_head_loads_in_every_mode(tmp_path, data_dir):
+    from mtad.draft_head import FILL, install_head
+
+    cfg = _cached(tmp_path, data_dir, max_steps=4, head_vocab=120, head_bias=True, out_dir=str(tmp_path / "draft"))
+    trainer = td.Trainer(cfg)
+    trainer.run()
+    out = tmp_path / "draft"
+    assert {p.name for p in out.iterdir()} >= {"model.safetensors", "head.safetensors"}
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "reduced head over the 120 most frequent tokens" in card and "| `reduced_int8` |" in card
+    ckpt = trainer.ckpt_path().read_bytes()
+    meta = td.Trainer(replace(cfg, export_only=True, out_dir=str(tmp_path / "again"))).run()
+    assert trainer.ckpt_path().read_bytes() == ckpt and meta["steps"] == trainer.state["step"]
+    from safetensors.torch import load_file
+
+    assert all(torch.equal(a, b) for a, b in zip(load_file(str(out / "model.safetensors")).values(),
+                                                 load_file(str(tmp_path / "again" / "model.safetensors")).values()))
+    x = torch.tensor([[1, 2, 3, 40, 50, 60, 70]])
+    with torch.no_grad():
+        ref = trainer.student(x).logits
+        for mode in ("full", "int8", "reduced", "reduced_int8"):
+            draft = load_tied_draft(out, trainer.teacher, "float32")
+            install_head(draft, mode, out)
+            got = draft(x).logits
+            assert got.shape == ref.shape
+            outside = torch.ones(ref.shape[-1], dtype=torch.bool)
+            outside[trainer.kept] = False
+            if mode.startswith("reduced"):
+                assert bool((got[..., outside] == FILL).all())
+                assert torch.softmax(got, -1)[..., outside].max() == 0.0  # q is exactly 0 outside the head
+                assert torch.allclose(got, ref, atol=5e-2 if mode == "reduced" else 0.3), mode
+            else:
+                assert bool((got[..., outside] > FILL / 2).all())
+                diff = (got[..., ~outside] - ref[..., ~outside]).abs().max()
+                assert diff < (5e-2 if mode == "full" else 0.3), (mode, float(diff))

@@ -122,7 +122,10 @@ def _eos_ids(models, cfg: DecoderConfig) -> set[int]:
 
 
 def vocab_size(model) -> int:
-    return model.get_output_embeddings().weight.shape[0]
+    head = model.get_output_embeddings()
+    # mtad.draft_head.DraftHead and torch's (int8) Linear know their output width; other heads by weight rows
+    n = getattr(head, "vocab_size", None) or getattr(head, "out_features", None)
+    return int(n) if n else head.weight.shape[0]
 
 
 def context_limit(model) -> int | None:
