@@ -15,6 +15,16 @@ vocabulary, on two kinds of step:
   raw logits that ``generate`` produced for each sampled token, so the student learns on the target's own
   outputs at no extra teacher cost.
 
+``data=cache`` (issue 9) replaces both by cached on-policy data: the target samples answers in batches
+(``sample_topk``, its own batched KV-cached loop: training code, not a decoder, so it does not go through
+``mtad.decoding.kv``) and its top-``cache_topk`` log-probs at every position are written to shards (format
+above ``CACHE_FORMAT``); training steps read random cached rows only, so several epochs cost no teacher pass.
+The loss is then taken against the *filtered* target distribution p~ (T=1, top-k, top-p: the verification
+filter, computed exactly from the cached top-K): ``ce_filtered`` (-sum p~ log q), ``tv_filtered``
+(1 - sum min(p~, q~) = 1 - alpha) or ``ce_tv`` (both). ``head_vocab=N`` trains a head over the N most frequent
+tokens (``mtad.draft_head``; q = 0 elsewhere), ``head_bias`` a per-token bias on it, ``init_from`` warm-starts
+the layers from an exported draft, ``export_only`` exports the latest checkpoint while a run continues.
+
 No evaluation prompt (GSM8K test, HumanEval, MT-Bench, Spider, ...) is in the training data; GSM8K test and
 HumanEval prompts are the held-out evaluation set. Checkpoints (atomic) go to ``ckpt_dir`` and a rerun
 resumes from them; ``max_minutes`` stops the run cleanly, evaluates and exports to ``out_dir``.

@@ -59,7 +59,7 @@ def _alpha(target, draft, ids: list[int], n_prompt: int) -> float:
 # The committed draft's teacher-forced α on the two sequences below (GSM8K-style and HumanEval-style prompt,
 # the target's own 40 sampled tokens), measured at commit time (2026-12-03, this CPU); the bounds leave a
 # margin of ~10 %. The previous draft scored 0.556 / 0.259 (it fails the code bound), the scrambled control 0.0.
-ALPHA_MEASURED = {"gsm8k": 0.570, "code": 0.317}
+ALPHA_MEASURED = {"gsm8k": 0.565, "code": 0.317}
 ALPHA_BOUND = {"gsm8k": 0.50, "code": 0.28}
 PROMPTS = {"gsm8k": "Natalia sold clips to 48 of her friends in April. How many clips did she sell?",
            "code": "Complete the following Python function.\n\n```python\ndef count_vowels(s: str) -> int:\n"
