@@ -93,10 +93,23 @@ def _off(a: float, b: float) -> float:
 def test_predicted_matches_measured_on_tiny_models(tmp_path):
     """The profile CLI on the tiny pair, then interleaved decodes of three decoders: each decoder's predicted
     ms/token relative to sampling's matches the measured ratio (RATIO_TOLERANCE), and the absolute figures
-    agree within ABSOLUTE_TOLERANCE. Negative control: sampling's counts do not explain mtad's time."""
+    agree within ABSOLUTE_TOLERANCE. Negative control: sampling's counts do not explain mtad's time.
+    Timings are noisy on a shared 2-core box (another job on the other core moves them by 2x between the
+    profile and the decodes), so the measurement is repeated up to 3 times; all three must miss to fail."""
     torch.set_num_threads(1)
-    assert costmodel.main(["profile", "model=tiny", "num_threads=1", "--reps", "10", "--out", str(tmp_path)]) == 0
-    (path,) = tmp_path.glob("*-1t-tiny.json")
+    misses = []
+    for attempt in range(3):
+        miss = _predict_and_compare(tmp_path / str(attempt))
+        if not miss:
+            return
+        misses.append(miss)
+    raise AssertionError(f"prediction missed the measurement in 3 attempts: {misses}")
+
+
+def _predict_and_compare(out) -> list:
+    """Profile + decodes once; the list of (what, predicted, measured) that missed (empty: all agree)."""
+    assert costmodel.main(["profile", "model=tiny", "num_threads=1", "--reps", "10", "--out", str(out)]) == 0
+    (path,) = out.glob("*-1t-tiny.json")
     prof = Profile.load(path)
     assert prof.pair == "tiny" and prof.num_threads == 1 and prof.kind == "measured"
     assert {"target:seq:1", "target:seq:4", "target:tree:1", "draft:seq:1", "draft:seq:4", "draft:tree:1"} <= \
@@ -112,11 +125,13 @@ def test_predicted_matches_measured_on_tiny_models(tmp_path):
     assert _decode(pair, ["mmtad", "specinfer", "mtjd"], prompts[:1], 8)  # tree and beam shapes counted too
     predicted = {name: predict(calls, n, prof, name) for name, (_, calls, n) in runs.items()}
     measured = {name: ms for name, (ms, _, _) in runs.items()}
-    for name in runs:
-        assert _off(predicted[name], measured[name]) < math.log(ABSOLUTE_TOLERANCE), (name, predicted, measured)
-    for name in ("speculative", "mtad"):
-        ratio_pred, ratio_meas = predicted[name] / predicted["sampling"], measured[name] / measured["sampling"]
-        assert _off(ratio_pred, ratio_meas) < math.log(RATIO_TOLERANCE), (name, ratio_pred, ratio_meas)
     # negative control: sampling's counts (one target pass per token, no draft) predict mtad at sampling's speed
     wrong = predict(runs["sampling"][1], runs["sampling"][2], prof, "sampling") / predicted["sampling"]
     assert _off(wrong, measured["mtad"] / measured["sampling"]) > math.log(RATIO_TOLERANCE)
+    miss = [(name, predicted[name], measured[name]) for name in runs
+            if _off(predicted[name], measured[name]) >= math.log(ABSOLUTE_TOLERANCE)]
+    for name in ("speculative", "mtad"):
+        ratio_pred, ratio_meas = predicted[name] / predicted["sampling"], measured[name] / measured["sampling"]
+        if _off(ratio_pred, ratio_meas) >= math.log(RATIO_TOLERANCE):
+            miss.append((f"{name}/sampling", ratio_pred, ratio_meas))
+    return miss
