@@ -167,25 +167,24 @@ class RunDirGuard(Callback):
     """Checks the output paths before Hydra creates anything, and snapshots a single run's directory."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        out = _select(config, "hydra.run.dir")
-        try:
-            if out is not None:
-                check_writable(out, "run directory", "hydra.run.dir (or results_dir)")
-            results = _results_file(config)
-            if results is not None:
-                check_results_file(results)
-        except NotWritable as err:
-            _fail(err)
+        out = _check_outputs(config, "hydra.run.dir", "run directory")
         if out is not None:
             snapshot(out, _select(config, "hydra.output_subdir"))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        out = _select(config, "hydra.sweep.dir")
-        try:
-            if out is not None:
-                check_writable(out, "sweep directory", "hydra.sweep.dir (or results_dir)")
-            results = _results_file(config)
-            if results is not None:
-                check_results_file(results)
-        except NotWritable as err:
-            _fail(err)
+        _check_outputs(config, "hydra.sweep.dir", "sweep directory")
+
+
+def _check_outputs(config: DictConfig, key: str, what: str) -> Any:
+    """Exit 2 with one line unless the folder at ``key`` and the results file (and its lock) can be written;
+    returns the folder."""
+    out = _select(config, key)
+    try:
+        if out is not None:
+            check_writable(out, what, f"{key} (or results_dir)")
+        results = _results_file(config)
+        if results is not None:
+            check_results_file(results)
+    except NotWritable as err:
+        _fail(err)
+    return out

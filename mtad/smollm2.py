@@ -7,7 +7,6 @@ file and the identity of the source GGUF, so a half-written or corrupted cache i
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -15,7 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from mtad.paths import cache_dir
+from mtad.paths import cache_dir, file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +44,6 @@ def default_cache() -> Path:
     return cache_dir() / CACHE_NAME
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _source_id(gguf: Path) -> dict:
     st = gguf.stat()
     return {"gguf": gguf.name, "size": st.st_size, "format": CACHE_FORMAT}
@@ -60,7 +51,7 @@ def _source_id(gguf: Path) -> dict:
 
 def write_marker(directory: Path, source: dict) -> None:
     """Record the sha256 of every file in ``directory`` (written last: its presence means complete)."""
-    files = {p.name: _sha256(p) for p in sorted(directory.iterdir()) if p.is_file() and p.name != MARKER}
+    files = {p.name: file_sha256(p) for p in sorted(directory.iterdir()) if p.is_file() and p.name != MARKER}
     (directory / MARKER).write_text(json.dumps({"source": source, "files": files}, indent=1))
 
 
@@ -80,7 +71,7 @@ def cache_is_valid(directory: Path, source: dict | None = None) -> bool:
         return False
     for name, digest in files.items():
         path = directory / name
-        if not path.is_file() or _sha256(path) != digest:
+        if not path.is_file() or file_sha256(path) != digest:
             log.warning("smollm2 cache file %s is missing or corrupt", path)
             return False
     return True

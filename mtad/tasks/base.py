@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 
 from omegaconf import OmegaConf
 
-from mtad.paths import default_data_dir
-from mtad.tasks.records import SkippedRow, file_sha256, hub_dataset, hub_fingerprint, hub_rows, iter_rows, parse_rows
+from mtad.paths import default_data_dir, file_sha256
+from mtad.tasks.records import SkippedRow, hub_dataset, hub_fingerprint, hub_rows, iter_rows, parse_rows
 
 log = logging.getLogger(__name__)
 

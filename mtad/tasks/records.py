@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -84,15 +83,6 @@ def hub_fingerprint(hub_id: str, config: str | None, split: str, ds: Any) -> str
     the loaded table (it changes with the downloaded revision); the row count when there is none."""
     content = getattr(ds, "_fingerprint", None) or f"{len(ds)} rows"
     return f"{hub_id}/{config or '-'}/{split}@{content}"
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 hex of a file's bytes (as stored, so a .gz file is hashed compressed)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

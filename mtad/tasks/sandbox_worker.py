@@ -230,11 +230,7 @@ class Lines:
 def _cgroup(limit_bytes):
     """A fresh memory cgroup under ours (v1 or v2) with the limit set, or None where we may not make one."""
     name = f"mtad-sandbox-{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        lines = open("/proc/self/cgroup").read().splitlines()  # noqa: SIM115
-    except OSError:
-        return None
-    for line in lines:
+    for line in _read("/proc/self/cgroup").splitlines():
         hid, controllers, path = line.split(":", 2)
         if "memory" in controllers.split(","):
             base, files = f"/sys/fs/cgroup/memory{path}", ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")
