@@ -54,21 +54,21 @@ log = logging.getLogger("bench_hf")
 
 
 # ----------------------------------------------------------------------------------------------- setup
-def load(quick: bool, draft: str, draft_head: str = "full", quantize: str = "none"):
+def load(quick: bool, draft: str, draft_head: str = "full", quantize: str = "none", dtype: str = "float32"):
     """(pair, message): the tiny pair, or the embedded SmolLM2 pair (target only, with a message, when the
     draft has not been trained yet)."""
     from mtad.loading import ModelConfig, load_pair
 
     if quick:
-        return load_pair(ModelConfig(name="tiny", kind="tiny", device="cpu", quantize=quantize)), None
+        return load_pair(ModelConfig(name="tiny", kind="tiny", device="cpu", quantize=quantize, dtype=dtype)), None
     try:
         return load_pair(ModelConfig(name="smollm2", kind="smollm2", draft=draft, device="cpu", chat_template=True,
-                                     draft_head=draft_head, quantize=quantize)), None
+                                     draft_head=draft_head, quantize=quantize, dtype=dtype)), None
     except FileNotFoundError as err:
         msg = (f"the SmolLM2 draft is not there yet ({err}). Train it with `make train-draft`; "
                "until then only greedy is compared with Hugging Face.")
         return load_pair(ModelConfig(name="smollm2", kind="smollm2", draft=None, device="cpu",
-                                     chat_template=True)), msg
+                                     chat_template=True, dtype=dtype)), msg
 
 
 def prompts(pair, n: int, quick: bool) -> list[list[int]]:
@@ -156,6 +156,7 @@ def step_costs(pair, plist, gamma: int, W: int, reps: int = 12) -> dict:
     """Seconds of: a target step, a target pass over gamma + 1 tokens, a draft step, a W-beam draft step
     (medians over ``reps``), at the mean prompt length, through ``mtad.decoding.kv.Session``."""
     from mtad.decoding.kv import Session, Stats
+    from mtad.feature_draft import timing_session
 
     L = int(statistics.mean(len(p) for p in plist))
     ids = (plist[0] * (L // len(plist[0]) + 1))[:L]
@@ -181,8 +182,8 @@ def step_costs(pair, plist, gamma: int, W: int, reps: int = 12) -> dict:
 
         out["target_verify"] = timed(verify)
         if pair.draft is not None:
-            out["draft_prefill"] = timed(lambda: Session(pair.draft, Stats(), "draft").forward(ids))
-            d = Session(pair.draft, Stats(), "draft")
+            out["draft_prefill"] = timed(lambda: timing_session(pair.draft, Stats(), "draft").forward(ids))
+            d = timing_session(pair.draft, Stats(), "draft")
             d.forward(ids)
             out["draft_step"] = timed(lambda: d.forward([ids[-1]]))
             d.sync(ids + [0])
@@ -219,6 +220,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--draft", default="models/smollm2-draft", help="the SmolLM2 draft directory")
     p.add_argument("--draft-head", default="full", help="model.draft_head: full | int8 | reduced | reduced_int8")
     p.add_argument("--quantize", default="none", help="model.quantize of the target: none | int8")
+    p.add_argument("--dtype", default="float32", help="model.dtype of both models: float32 | bfloat16 (AVX512-BF16 CPUs)")
     p.add_argument("--costs", action="store_true",
                    help="only the step-cost table: target fp32/int8 (1 and gamma+1 tokens), draft per head mode")
     p.add_argument("--cost-reps", type=int, default=15, help="interleaved rounds of the cost table")
@@ -237,7 +239,7 @@ def run(args) -> list[dict]:
     torch.set_num_threads(args.threads)
     if args.costs:
         return cost_table(args)
-    pair, message = load(args.quick, args.draft, args.draft_head, args.quantize)
+    pair, message = load(args.quick, args.draft, args.draft_head, args.quantize, args.dtype)
     if message:
         print(f"bench_hf: {message}", file=sys.stderr)
     plist = prompts(pair, args.prompts, args.quick)
@@ -247,14 +249,16 @@ def run(args) -> list[dict]:
             "quick": args.quick, "n_prompts": len(plist), "repeats": args.repeats,
             "max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "beam_width": args.beam_width,
             "tau": args.tau, "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p,
-            "draft_head": args.draft_head, "quantize": args.quantize,
+            "draft_head": args.draft_head, "quantize": args.quantize, "dtype": args.dtype,
             "git_sha": sha, "git_dirty": dirty, **environment_info([pair.device])}
     # Interleaved blocks; each ratio is taken inside one block (same time window, same prompts).
     blocks = [({"greedy": ours("greedy", args), "hf_greedy": hf("greedy", args)}, [("greedy", "hf_greedy")])]
-    if pair.draft is not None:
+    if pair.draft is not None and not getattr(pair.draft, "reads_target_features", False):
+        # HF assisted generation cannot feed a feature draft the target's hidden states (mtad.feature_draft)
         blocks += [({"speculative": ours("speculative", args), "hf_assisted": hf("assisted", args)},
-                    [("speculative", "hf_assisted")]),
-                   ({"sampling": ours("sampling", args), "speculative": ours("speculative", args),
+                    [("speculative", "hf_assisted")])]
+    if pair.draft is not None:
+        blocks += [({"sampling": ours("sampling", args), "speculative": ours("speculative", args),
                      "mtad": ours("mtad", args)},
                     [("mtad", "speculative"), ("speculative", "sampling"), ("mtad", "sampling")])]
     rows, last = [], {}
@@ -309,11 +313,12 @@ def bounds(pair, plist, args, measured: dict, base: dict) -> list[dict]:
 
 def cost_table(args) -> list[dict]:
     """Step costs in one interleaved run (each round times every variant once, medians over rounds):
-    target 1-token step and (gamma+1)-token verify pass, fp32 and int8; draft 1-token step for every head
-    mode. Ratios are to the fp32 target step of the same run."""
+    target 1-token step and (gamma+1)-token verify pass, fp32, int8 and bf16; draft 1-token step for every head
+    mode (and bf16 layers with the reduced int8 head). Ratios are to the fp32 target step of the same run."""
     from mtad import smollm2
     from mtad.decoding.kv import Session, Stats
     from mtad.draft_head import install_head
+    from mtad.feature_draft import timing_session
     from mtad.loading import ModelConfig, load_pair, load_tied_draft, resolve_local
     from mtad.paths import REPO_ROOT
     from mtad.quantize import quantize_target
@@ -323,7 +328,8 @@ def cost_table(args) -> list[dict]:
     plist = prompts(pair, args.prompts, False)
     L = int(statistics.mean(len(p) for p in plist))
     ids = (plist[0] * (L // len(plist[0]) + 1))[:L]
-    targets = {"fp32": pair.target, "int8": quantize_target(smollm2.load(dtype="float32", device="cpu")[0], "int8")}
+    targets = {"fp32": pair.target, "int8": quantize_target(smollm2.load(dtype="float32", device="cpu")[0], "int8"),
+               "bf16": smollm2.load(dtype="bfloat16", device="cpu")[0]}
     path = resolve_local(args.draft)
     drafts = {}
     for mode in ("full", "int8", "reduced", "reduced_int8"):
@@ -333,6 +339,9 @@ def cost_table(args) -> list[dict]:
         except FileNotFoundError:
             continue  # a draft without a reduced head
         drafts[mode] = d
+    if "reduced_int8" in drafts:  # the bf16 pair's draft: bf16 layers, int8 reduced head
+        drafts["bf16_reduced_int8"] = load_tied_draft(path, targets["bf16"], "bfloat16")
+        install_head(drafts["bf16_reduced_int8"], "reduced_int8", path)
     g = args.gamma + 1
     sessions, fns = {}, {}
     with torch.inference_mode():
@@ -351,7 +360,7 @@ def cost_table(args) -> list[dict]:
 
             fns[f"target_{name}_step"], fns[f"target_{name}_verify"] = step, verify
         for mode, model in drafts.items():
-            d = Session(model, Stats(), "draft")
+            d = timing_session(model, Stats(), "draft")
             d.forward(ids)
             d.sync(ids + [0])
 

@@ -208,7 +208,8 @@ def measure_model(model, role: str, gamma: int, W: int, context: int, reps: int,
     leave them out of the profile but not out of the runs]**."""
     import torch
 
-    from mtad.decoding.kv import Session, Stats
+    from mtad.decoding.kv import Stats
+    from mtad.feature_draft import timing_session
 
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(3, vocab, (context,), generator=g).tolist()
@@ -216,7 +217,7 @@ def measure_model(model, role: str, gamma: int, W: int, context: int, reps: int,
     room = (max_positions or 10 ** 9) - context - 2
 
     def fresh(rows: int = 1) -> Session:
-        s = Session(model, Stats(), role)
+        s = timing_session(model, Stats(), role)
         s.forward(ctx)
         if rows > 1:
             s.expand(rows)
@@ -233,7 +234,7 @@ def measure_model(model, role: str, gamma: int, W: int, context: int, reps: int,
     for n in SEQ_EXTRA:  # prefill of n tokens into an empty cache
         if n <= (max_positions or 10 ** 9):
             ids = (ctx * (n // len(ctx) + 1))[:n]
-            shapes.append((f"{role}:seq:1", n, nothing, lambda ids=ids: Session(model, Stats(), role).forward(ids)))
+            shapes.append((f"{role}:seq:1", n, nothing, lambda ids=ids: timing_session(model, Stats(), role).forward(ids)))
     for B in range(2, W + 1):  # one token in each of B beam rows
         shapes.append((f"{role}:seq:{B}", 1, nothing,
                        lambda s=fresh(B), tok=torch.tensor(ctx[:B]): s.forward_beams(tok)))

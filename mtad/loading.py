@@ -301,6 +301,8 @@ def load_tied_draft(path: Path, target, dtype: str = "float32", attn_implementat
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from mtad.feature_draft import FeatureDraft, is_feature_config
+
     path = Path(path)
     weights = path / "model.safetensors"
     if not weights.is_file() or not (path / "config.json").is_file():
@@ -312,7 +314,11 @@ def load_tied_draft(path: Path, target, dtype: str = "float32", attn_implementat
         if a != b:
             raise ValueError(f"draft {path} has {key}={a} but the target has {b}: it was trained for another target")
     with torch.random.fork_rng(devices=[]):
-        draft = AutoModelForCausalLM.from_config(config, dtype=_dtype(dtype), attn_implementation=attn_implementation)
+        if is_feature_config(config):  # reads the target's hidden states (mtad.feature_draft)
+            config._attn_implementation = attn_implementation
+            draft = FeatureDraft(config).to(_dtype(dtype))
+        else:
+            draft = AutoModelForCausalLM.from_config(config, dtype=_dtype(dtype), attn_implementation=attn_implementation)
     missing, unexpected = draft.load_state_dict(load_file(str(weights)), strict=False)
     if unexpected or set(missing) - {"model.embed_tokens.weight", "lm_head.weight"}:
         raise ValueError(f"{weights} does not fit its config: missing {missing}, unexpected {unexpected}")

@@ -10,7 +10,8 @@ config hash). CPU only (fbgemm/qnnpack kernels).
 sequences: mean / max total variation of the filtered next-token distributions (T, top-k, top-p: the
 decoders' ``filter_probs``), top-1 agreement and each model's perplexity. ``python -m mtad.quantize`` runs
 it on held-out WikiText-2 **test** text and on the target's own answers to GSM8K test questions and writes
-``results/quantize_agreement.json``.
+``results/quantize_agreement.json``; ``--other bfloat16`` measures a bf16 target (``model.dtype=bfloat16``,
+fast on CPUs with AVX512-BF16) the same way and writes ``results/dtype_agreement_bfloat16.json``.
 """
 from __future__ import annotations
 
@@ -118,7 +119,9 @@ def main(argv=None) -> int:
     from mtad.paths import REPO_ROOT, default_data_dir
     from mtad.quantize import quantize_target as qt
 
-    p = argparse.ArgumentParser(description="int8 vs fp32 agreement of the embedded SmolLM2 target")
+    p = argparse.ArgumentParser(description="int8 (or bf16/fp16) vs fp32 agreement of the embedded SmolLM2 target")
+    p.add_argument("--other", choices=["int8", "bfloat16", "float16"], default="int8",
+                   help="the cheaper target: model.quantize=int8, or model.dtype=bfloat16 / float16")
     p.add_argument("--windows", type=int, default=8, help="WikiText-2 test windows")
     p.add_argument("--length", type=int, default=256, help="tokens per window")
     p.add_argument("--gsm8k", type=int, default=4, help="GSM8K test questions (target's own answers)")
@@ -126,15 +129,24 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--sensitivity", action="store_true",
                    help="also quantise one kind of layer at a time (WikiText windows only)")
-    p.add_argument("--out", default=str(REPO_ROOT / "results" / "quantize_agreement.json"))
+    p.add_argument("--out", default=None, help="default: results/quantize_agreement.json (int8), "
+                   "results/dtype_agreement_<dtype>.json otherwise")
     a = p.parse_args(argv)
+    if a.out is None:
+        name = "quantize_agreement.json" if a.other == "int8" else f"dtype_agreement_{a.other}.json"
+        a.out = str(REPO_ROOT / "results" / name)
+    if a.sensitivity and a.other != "int8":
+        p.error("--sensitivity quantises one kind of layer at a time: it needs --other int8")
     logging.basicConfig(level=logging.INFO)
     torch.set_num_threads(a.threads)
     pair = load_pair(ModelConfig(name="smollm2", kind="smollm2", draft=None, device="cpu", chat_template=True))
     ref = pair.target
     from mtad import smollm2
 
-    other = qt(smollm2.load(dtype="float32", device="cpu")[0], "int8")
+    if a.other == "int8":
+        other = qt(smollm2.load(dtype="float32", device="cpu")[0], "int8")
+    else:
+        other = smollm2.load(dtype=a.other, device="cpu")[0]
     data = default_data_dir()
     wiki = wikitext_sequences(pair.tokenizer, data, a.windows, a.length)
     result = {"wikitext2_test": agreement(ref, other, wiki)}

@@ -114,6 +114,15 @@ class TrainDraftConfig:
     head_bias: bool = False  # train a per-token bias on the (reduced) head
     init_from: Optional[str] = None  # warm-start the layers from this exported draft (e.g. models/smollm2-draft)
     export_only: bool = False  # evaluate + export the latest checkpoint (no training, checkpoint untouched)
+    # --- feature drafts (arch=feature, mtad.feature_draft; data=cache only)
+    arch: str = "token"  # token: reads tokens only | feature: also reads the target's final hidden states
+    unroll: int = 1  # extra training passes that feed the draft its own features (depth 2, 3, ... of a block)
+    feat_weight: float = 0.5  # weight of the feature regression (smooth L1 of the draft's output to the target's)
+    # --- teacher-forced text shards beside the on-policy cache (data=cache; built before training)
+    text_shards: int = 0  # shards of training text with the teacher's top-K log-probs and features
+    text_rows: int = 64  # windows per text shard
+    text_len: int = 256  # tokens per window
+    text_mix: Dict[str, float] = field(default_factory=lambda: {"gsm8k": 0.5, "python": 0.4, "alpaca": 0.1})
 
     def __post_init__(self) -> None:
         if self.target not in ("smollm2", "tiny"):
@@ -125,6 +134,12 @@ class TrainDraftConfig:
                              f"per student layer (layers={self.layers})")
         if self.lr_schedule not in ("cosine", "constant"):
             raise ValueError(f"train_draft.lr_schedule={self.lr_schedule!r}: allowed 'cosine' or 'constant'")
+        if self.arch not in ("token", "feature"):
+            raise ValueError(f"train_draft.arch={self.arch!r}: allowed 'token' or 'feature'")
+        if self.arch == "feature" and self.data != "cache":
+            raise ValueError("train_draft.arch=feature needs data=cache (features are cached beside the shards)")
+        if self.unroll < 0 or self.feat_weight < 0:
+            raise ValueError("train_draft.unroll >= 0 and feat_weight >= 0 are required")
         if self.data not in ("live", "cache"):
             raise ValueError(f"train_draft.data={self.data!r}: allowed 'live' or 'cache'")
         if self.loss not in LOSSES:
@@ -140,7 +155,10 @@ class TrainDraftConfig:
             raise ValueError("train_draft.head_vocab >= 0, cache_rows >= 1 and train_per_gen >= 0 are required")
         if not 0.0 <= self.onpolicy_frac <= 1.0:
             raise ValueError(f"train_draft.onpolicy_frac={self.onpolicy_frac}: allowed 0 <= x <= 1")
-        for name, mix, known in (("mix", self.mix, TEXT_SOURCES), ("onpolicy_mix", self.onpolicy_mix, PROMPT_SOURCES)):
+        if self.text_shards and self.data != "cache":
+            raise ValueError("train_draft.text_shards needs data=cache")
+        for name, mix, known in (("mix", self.mix, TEXT_SOURCES), ("onpolicy_mix", self.onpolicy_mix, PROMPT_SOURCES),
+                                 ("text_mix", self.text_mix, TEXT_SOURCES)):
             bad = sorted(set(mix) - set(known))
             if bad or not any(w > 0 for w in mix.values()):
                 raise ValueError(f"train_draft.{name}={dict(mix)}: keys must be among {known} "
@@ -316,19 +334,33 @@ def load_teacher(cfg: TrainDraftConfig, device: torch.device):
     return teacher.to(device).eval(), tok
 
 
-def build_student(teacher, layers: int, init_layers: list[int]):
-    """The teacher's architecture with ``layers`` layers copied from ``init_layers``; embedding/head shared, frozen."""
+def build_student(teacher, layers: int, init_layers: list[int], arch: str = "token"):
+    """The teacher's architecture with ``layers`` layers copied from ``init_layers``; embedding/head shared, frozen.
+    ``arch=feature``: a :class:`mtad.feature_draft.FeatureDraft` (Llama layers) whose ``fc`` starts as
+    [identity, 0] (it reads the token embedding only: at step 0 it is the token draft it was built from)."""
     from transformers import AutoModelForCausalLM
 
     n = teacher.config.num_hidden_layers
-    if any(not 0 <= i < n for i in init_layers):
-        raise ValueError(f"init_layers={list(init_layers)} out of range for a target with {n} layers")
-    config = teacher.config.__class__.from_dict(teacher.config.to_dict())
-    config.num_hidden_layers = layers
-    if getattr(config, "layer_types", None) is not None:
-        config.layer_types = config.layer_types[:layers]
-    student = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    for dst, src in zip(student.model.layers, init_layers):
+    if any(not -1 <= i < n for i in init_layers):
+        raise ValueError(f"init_layers={list(init_layers)} out of range for a target with {n} layers (-1: random)")
+    if arch == "feature":
+        from mtad.feature_draft import FeatureDraft, feature_config
+
+        config = feature_config(teacher.config, layers)
+        config._attn_implementation = "sdpa"
+        student = FeatureDraft(config).float()
+        D = config.hidden_size
+        with torch.no_grad():
+            student.fc.weight.zero_()
+            student.fc.weight[:, :D] = torch.eye(D)
+            student.fc.bias.zero_()
+    else:
+        config = teacher.config.__class__.from_dict(teacher.config.to_dict())
+        config.num_hidden_layers = layers
+        if getattr(config, "layer_types", None) is not None:
+            config.layer_types = config.layer_types[:layers]
+        student = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    for dst, src in ((d, i) for d, i in zip(student.model.layers, init_layers) if i >= 0):  # -1 keeps the random init
         dst.load_state_dict(teacher.model.layers[src].state_dict())
     student.model.norm.load_state_dict(teacher.model.norm.state_dict())
     tie_to_target(student, teacher)
@@ -355,6 +387,8 @@ def init_from_draft(student, path: Path) -> None:
         raise FileNotFoundError(f"train_draft.init_from={str(path)!r}: {f} is missing")
     weights = load_file(str(f))
     own = layer_state(student)
+    if not any(k.startswith("fc.") for k in weights):  # a token draft into a feature student: fc stays [I, 0]
+        own = {k: v for k, v in own.items() if not k.startswith("fc.")}
     if set(weights) != set(own) or any(weights[k].shape != own[k].shape for k in own):
         raise ValueError(f"train_draft.init_from={str(path)!r} does not fit the student (layers/shape differ)")
     student.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
@@ -548,6 +582,7 @@ class OnPolicyCache:
         self.cfg, self.dir = cfg, directory
         self.rows: list[dict] = []
         self.loaded: set[int] = set()
+        self.by_shard: dict[str, list[dict]] = {}  # file stem -> its rows
         self.dir.mkdir(parents=True, exist_ok=True)
         meta, path = cache_meta(cfg), self.dir / "meta.json"
         if path.is_file():
@@ -575,6 +610,12 @@ class OnPolicyCache:
                     raise ValueError(f"{self.shard_path(i)} has cache format {shard.get('format')}, not {CACHE_FORMAT}")
                 self.rows += shard["rows"]
                 self.loaded.add(i)
+                self.by_shard[self.shard_path(i).stem] = shard["rows"]
+        i = 0
+        while self.text_path(i).is_file():
+            if self.text_path(i).stem not in self.by_shard:
+                self._add_text(torch.load(self.text_path(i), weights_only=False))
+            i += 1
 
     def answer_tokens(self) -> int:
         return sum(len(r["ids"]) - 1 - r["gen_from"] for r in self.rows)
@@ -597,7 +638,111 @@ class OnPolicyCache:
         atomic_save(shard, self.shard_path(i))
         self.rows += kept
         self.loaded.add(i)
+        self.by_shard[self.shard_path(i).stem] = kept
         return shard
+
+    # text shards (``text-00000.pt``, ...): teacher-forced windows of training text, same row format with
+    # gen_from = 0 (every position supervised) and the teacher's features (``feat``) stored in the row
+    def text_path(self, i: int) -> Path:
+        return self.dir / f"text-{i:05d}.pt"
+
+    def n_text(self) -> int:
+        return sum(1 for k in self.by_shard if k.startswith("text-"))
+
+    def _add_text(self, shard: dict) -> None:
+        if shard.get("format") != CACHE_FORMAT:
+            raise ValueError(f"text shard {shard.get('index')} has cache format {shard.get('format')}, not {CACHE_FORMAT}")
+        self.rows += shard["rows"]
+        self.by_shard[self.text_path(shard["index"]).stem] = shard["rows"]
+
+    def generate_text(self, corpus: Corpus, teacher) -> dict:
+        """The next text shard: ``text_rows`` windows of ``text_len`` tokens from ``text_mix`` (training text
+        only), the teacher's top-K log-probs and final hidden states at every position (one pass)."""
+        cfg, i = self.cfg, self.n_text()
+        seed = shard_seed(cfg, i) + 500_009  # apart from the on-policy shards' seeds
+        rng = random.Random(seed)
+        sources, weights = zip(*cfg.text_mix.items())
+        used = [rng.choices(sources, weights)[0] for _ in range(cfg.text_rows)]
+        seqs = [torch.tensor(corpus.window(src, rng, cfg.text_len), dtype=torch.int32) for src in used]
+        rows = teacher_topk(teacher, seqs, cfg.cache_topk)
+        shard = {"format": CACHE_FORMAT, "index": i, "rows": [dict(r, source=f"text:{src}") for r, src in zip(rows, used)],
+                 "settings": {"text_len": cfg.text_len, "text_mix": dict(cfg.text_mix), "seed": seed}}
+        atomic_save(shard, self.text_path(i))
+        self._add_text(shard)
+        return shard
+
+    def feat_path(self, stem: str) -> Path:
+        return self.dir / f"feat-{stem}.pt"
+
+    def attach_features(self, teacher) -> None:
+        """Give every loaded row its teacher features (``feat``, arch=feature): read ``feat-<i>.pt`` beside
+        shard i, or compute it (one teacher-forced pass, ``teacher_features``) and write it atomically."""
+        for stem, rows in sorted(self.by_shard.items()):
+            if all("feat" in r for r in rows):
+                continue
+            path = self.feat_path(stem)
+            feats = None
+            if path.is_file():
+                saved = torch.load(path, weights_only=False)
+                if saved.get("format") == CACHE_FORMAT and [len(f) for f in saved["feats"]] == [len(r["ids"]) for r in rows]:
+                    feats = saved["feats"]
+            if feats is None:
+                t0 = time.monotonic()
+                feats = teacher_features(teacher, [r["ids"] for r in rows])
+                atomic_save({"format": CACHE_FORMAT, "stem": stem, "feats": feats}, path)
+                log.info("cache %s: teacher features for %d rows in %.0f s", stem, len(rows), time.monotonic() - t0)
+            for r, f in zip(rows, feats):
+                r["feat"] = f
+
+
+@torch.no_grad()
+def teacher_features(teacher, sequences: list[torch.Tensor], batch: int = 8) -> list[torch.Tensor]:
+    """The teacher's final hidden state (after its last norm: what ``Session`` hands a feature draft) at every
+    position of each sequence, teacher-forced: fp16 CPU tensors (L, D). Rows of similar length are batched
+    with right padding, which causal attention keeps out of every real position."""
+    device = teacher.get_input_embeddings().weight.device
+    out: list = [None] * len(sequences)
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    for start in range(0, len(order), batch):
+        idx = order[start:start + batch]
+        x = torch.zeros(len(idx), max(len(sequences[i]) for i in idx), dtype=torch.long)
+        for b, i in enumerate(idx):
+            x[b, :len(sequences[i])] = sequences[i].long()
+        h = teacher.model(input_ids=x.to(device)).last_hidden_state  # (B, L, D)
+        for b, i in enumerate(idx):
+            out[i] = h[b, :len(sequences[i])].to("cpu", torch.float16)
+    return out
+
+
+@torch.no_grad()
+def teacher_topk(teacher, sequences: list[torch.Tensor], K: int, batch: int = 8) -> list[dict]:
+    """Teacher-forced rows of the cache format (gen_from = 0) for equal-length ``sequences``: the teacher's
+    top-K raw log-probs at every position and its final hidden states (``feat``, fp16)."""
+    device = teacher.get_input_embeddings().weight.device
+    out = []
+    for start in range(0, len(sequences), batch):
+        x = torch.stack(sequences[start:start + batch]).long().to(device)  # (B, L)
+        h = teacher.model(input_ids=x).last_hidden_state  # (B, L, D)
+        top = F.log_softmax(teacher.lm_head(h[:, :-1]).float(), -1).topk(K, dim=-1)  # (B, L-1, K)
+        for b in range(x.shape[0]):
+            out.append({"ids": x[b].to("cpu", torch.int32), "gen_from": 0,
+                        "topk_ids": top.indices[b].to("cpu", torch.int32), "topk_logp": top.values[b].to("cpu", torch.float16),
+                        "feat": h[b].to("cpu", torch.float16)})
+    return out
+
+
+def shift_features(f: torch.Tensor) -> torch.Tensor:
+    """(B, L, D) features at positions t -> each position's parent feature (t - 1; zeros at t = 0)."""
+    return torch.cat([torch.zeros_like(f[:, :1]), f[:, :-1]], 1)
+
+
+def feature_targets(rows: list[dict], device) -> torch.Tensor:
+    """(B, L, D) the teacher features aligned with ``cache_batch``'s inputs (row t: the feature at t)."""
+    L = max(len(r["ids"]) for r in rows) - 1
+    f = torch.zeros(len(rows), L, rows[0]["feat"].shape[-1])
+    for b, r in enumerate(rows):
+        f[b, :len(r["ids"]) - 1] = r["feat"][:-1].float()
+    return f.to(device)
 
 
 def filtered_targets(topk_logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -758,16 +903,29 @@ def evaluate(student, eval_set: dict, gamma: int = 4) -> dict:
     """Top-1 agreement, alpha = E[sum_v min(p~, q~)], KL(p||q) and the i.i.d. block efficiency per domain."""
     per: dict[str, dict[str, list]] = {}
     device = next(student.parameters()).device
+    feature = getattr(student, "reads_target_features", False)
     for item in eval_set["items"]:
         ids, P = item["ids"].to(device), item["prompt_len"]
         if len(ids) <= P:
             continue
-        logits = student(input_ids=ids[None, :-1]).logits[0, P - 1:].float()  # (G, V)
         log_p = item["log_p"].to(device).float()  # (G, V)
-        log_q = F.log_softmax(logits, -1)
         pw = _filtered(log_p, eval_set["top_k"], eval_set["top_p"])
+        d = per.setdefault(item["domain"], {k: [] for k in EVAL_KEYS})
+        if feature:  # depth 1 reads the target's features; depth k the draft's own from depth k - 1
+            fin = shift_features(item["feat"].to(device).float()[None, :-1])
+            for depth in range(FEATURE_DEPTHS):
+                h = student.hidden(ids[None, :-1], fin)  # (1, L, D)
+                if depth:
+                    qk = _filtered(F.log_softmax(student.lm_head(h[0, P - 1:]).float(), -1),
+                                   eval_set["top_k"], eval_set["top_p"])
+                    d[f"alpha_d{depth + 1}"] += torch.minimum(pw, qk).sum(-1).tolist()
+                else:
+                    logits = student.lm_head(h[0, P - 1:]).float()  # (G, V)
+                fin = shift_features(h)
+        else:
+            logits = student(input_ids=ids[None, :-1]).logits[0, P - 1:].float()  # (G, V)
+        log_q = F.log_softmax(logits, -1)
         qw = _filtered(log_q, eval_set["top_k"], eval_set["top_p"])
-        d = per.setdefault(item["domain"], {"top1": [], "alpha": [], "kl": [], "coverage": []})
         d["top1"] += (log_p.argmax(-1) == log_q.argmax(-1)).float().tolist()
         d["alpha"] += torch.minimum(pw, qw).sum(-1).tolist()
         # a reduced head gives q = 0 outside its vocabulary: KL over the head's vocabulary (p renormalised
@@ -776,15 +934,28 @@ def evaluate(student, eval_set: dict, gamma: int = 4) -> dict:
         lp_in = torch.where(inside, log_p, torch.full_like(log_p, -float("inf"))).log_softmax(-1)
         d["kl"] += (lp_in.exp() * (lp_in - log_q)).where(inside, torch.zeros_like(log_q)).sum(-1).tolist()
         d["coverage"] += (pw * inside).sum(-1).tolist()
-    keys = ("top1", "alpha", "kl", "coverage")
-    per["all"] = {k: sum((d[k] for d in per.values()), []) for k in keys}
+    per["all"] = {k: sum((d[k] for d in per.values()), []) for k in EVAL_KEYS}
     result = {}
     for domain, d in per.items():
         alpha = _mean(d["alpha"])
-        result[domain] = {"top1": _mean(d["top1"]), "alpha": alpha, "kl": _mean(d["kl"]), "coverage": _mean(d["coverage"]),
-                          "positions": len(d["top1"]),
-                          "block_efficiency": (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha < 1 else gamma + 1}
+        r = {"top1": _mean(d["top1"]), "alpha": alpha, "kl": _mean(d["kl"]), "coverage": _mean(d["coverage"]),
+             "positions": len(d["top1"])}
+        # block efficiency for gamma drafted tokens: 1 + a1 + a1 a2 + ..., depth j's alpha a_j (the deepest
+        # measured one beyond); a token draft's alpha does not depend on the depth (teacher-forced)
+        depth_alpha = [alpha] + [_mean(d[f"alpha_d{k}"]) for k in range(2, FEATURE_DEPTHS + 1) if d[f"alpha_d{k}"]]
+        for k, a in enumerate(depth_alpha[1:], start=2):
+            r[f"alpha_d{k}"] = a
+        e, run = 1.0, 1.0
+        for j in range(gamma):
+            run *= depth_alpha[min(j, len(depth_alpha) - 1)]
+            e += run
+        r["block_efficiency"] = e
+        result[domain] = r
     return result
+
+
+EVAL_KEYS = ("top1", "alpha", "kl", "coverage", "alpha_d2", "alpha_d3")
+FEATURE_DEPTHS = 3  # held-out alpha of a feature draft at block depths 1..3
 
 
 def _mean(xs: list) -> float:
@@ -1024,7 +1195,7 @@ class Trainer:
         self.ckpt_dir = _resolve(cfg.ckpt_dir) if cfg.ckpt_dir else cache_dir() / "train_draft"
         self.teacher, self.tok = load_teacher(cfg, self.device)
         self.corpus = Corpus(self.tok, Path(cfg.data_dir) if cfg.data_dir else default_data_dir())
-        self.student = build_student(self.teacher, cfg.layers, list(cfg.init_layers))
+        self.student = build_student(self.teacher, cfg.layers, list(cfg.init_layers), cfg.arch)
         if cfg.init_from:
             init_from_draft(self.student, _resolve(cfg.init_from))
         self.cache, self.kept, self.col_of = None, None, None
@@ -1032,6 +1203,8 @@ class Trainer:
             self.cache = OnPolicyCache(cfg, _resolve(cfg.cache_dir) if cfg.cache_dir else self.ckpt_dir / "onpolicy")
             self.cache.load()
             self._setup_head()
+            self._attach_features()
+            self._build_text()
         params = [p for p in self.student.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.state = {"step": 0, "tokens": 0, "seconds": 0.0, "onpolicy_steps": 0, "tokens_by_source": {},
@@ -1060,9 +1233,23 @@ class Trainer:
             self.col_of[self.kept] = torch.arange(len(self.kept))
         install_train_head(self.student, None if self.kept is None else self.kept.to(self.device), cfg.head_bias)
 
+    def _build_text(self) -> None:
+        """Build the missing text shards (``text_shards``); each is written atomically, so a rerun resumes."""
+        while self.cache.n_text() < self.cfg.text_shards:
+            t0 = time.monotonic()
+            shard = self.cache.generate_text(self.corpus, self.teacher)
+            n = sum(len(r["ids"]) for r in shard["rows"])
+            log.info("text shard %d: %d teacher-forced tokens in %.0f s; cache %d rows", shard["index"], n,
+                     time.monotonic() - t0, len(self.cache.rows))
+
+    def _attach_features(self) -> None:
+        if self.cfg.arch == "feature":
+            self.cache.attach_features(self.teacher)
+
     def _generate(self) -> int:
         t0 = time.monotonic()
         shard = self.cache.generate(self.corpus, self.teacher, self.tok)
+        self._attach_features()
         dt = time.monotonic() - t0
         n = sum(len(r["ids"]) - 1 - r["gen_from"] for r in shard["rows"])
         if hasattr(self, "state"):
@@ -1086,7 +1273,7 @@ class Trainer:
             return False
         ck = torch.load(path, map_location=self.device, weights_only=False)
         old = ck["config"]
-        for key in ("target", "layers", "init_layers", "tiny_hidden", "tiny_layers", "head_vocab", "head_bias"):
+        for key in ("target", "layers", "init_layers", "tiny_hidden", "tiny_layers", "head_vocab", "head_bias", "arch"):
             if old.get(key, TrainDraftConfig.__dataclass_fields__[key].default) != getattr(self.cfg, key) and not (key == "init_layers" and list(old[key]) == list(self.cfg.init_layers)):
                 raise ValueError(f"checkpoint {path} was trained with {key}={old.get(key)!r}, not "
                                  f"{getattr(self.cfg, key)!r}: delete it or set train_draft.resume=false")
@@ -1154,11 +1341,12 @@ class Trainer:
         for group in self.opt.param_groups:
             group["lr"] = self.lr()
         self.student.eval()
-        h = self.student.model(input_ids=batch["input_ids"]).last_hidden_state  # (B, L, D)
-        head = self.student.lm_head
-        z = head.compact(h[batch["select"]]) if hasattr(head, "compact") else head(h[batch["select"]])  # (M, N)
-        per, alpha = filtered_loss(z, batch["cols"], batch["p_f"], cfg.loss, cfg.gen_top_k, cfg.gen_top_p,
-                                   cfg.tv_weight)
+        if cfg.arch == "feature":
+            per, alpha = self.feature_loss(batch, feature_targets(rows, self.device))
+        else:
+            h = self.student.model(input_ids=batch["input_ids"]).last_hidden_state  # (B, L, D)
+            per, alpha = filtered_loss(self._head(h[batch["select"]]), batch["cols"], batch["p_f"], cfg.loss,
+                                       cfg.gen_top_k, cfg.gen_top_p, cfg.tv_weight)
         w = batch["weight"]
         loss = (per * w).sum() / w.sum()
         self.opt.zero_grad(set_to_none=True)
@@ -1176,6 +1364,26 @@ class Trainer:
         s["losses"] = (s["losses"] + [loss.item()])[-200:]
         s["train_alpha"] = (s.get("train_alpha", []) + [float(alpha[answer].mean()) if n else float("nan")])[-200:]
         return [loss.item()]
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        head = self.student.lm_head
+        return head.compact(h) if hasattr(head, "compact") else head(h)  # (M, N)
+
+    def feature_loss(self, batch: dict, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-position loss and depth-1 alpha of a feature draft: the filtered loss at depth 1 (inputs: the
+        teacher's features ``f`` (B, L, D) at each parent) and at depths 2..1+unroll (inputs: the draft's own
+        outputs of the previous depth, as in a drafted block; gradients flow through them), averaged, plus
+        ``feat_weight`` x the smooth-L1 distance of the depth-1 output to the teacher's feature."""
+        cfg, sel = self.cfg, batch["select"]
+        h = self.student.hidden(batch["input_ids"], shift_features(f))  # (B, L, D)
+        per, alpha = filtered_loss(self._head(h[sel]), batch["cols"], batch["p_f"], cfg.loss, cfg.gen_top_k,
+                                   cfg.gen_top_p, cfg.tv_weight)
+        reg = F.smooth_l1_loss(h[sel], f[sel], reduction="none").mean(-1)  # (M,)
+        for _ in range(cfg.unroll):
+            h = self.student.hidden(batch["input_ids"], shift_features(h))
+            per = per + filtered_loss(self._head(h[sel]), batch["cols"], batch["p_f"], cfg.loss, cfg.gen_top_k,
+                                      cfg.gen_top_p, cfg.tv_weight)[0]
+        return per / (1 + cfg.unroll) + cfg.feat_weight * reg, alpha
 
     def optimize(self, batch: dict, used: list[str], kind: str) -> float:
         s = self.state
@@ -1209,6 +1417,11 @@ class Trainer:
                 log.info("building the held-out evaluation set (target samples on GSM8K test / HumanEval)")
                 self.eval_set = build_eval_set(self.cfg, self.corpus, self.teacher, self.tok, self.device)
                 self.eval_set["key"] = key
+                atomic_save(self.eval_set, path)
+            items = self.eval_set["items"]
+            if self.cfg.arch == "feature" and any("feat" not in it for it in items):
+                for it, f in zip(items, teacher_features(self.teacher, [it["ids"] for it in items])):
+                    it["feat"] = f
                 atomic_save(self.eval_set, path)
         return self.eval_set
 

@@ -286,3 +286,89 @@ def test_export_with_reduced_head_loads_in_every_mode(tmp_path, data_dir):
                 assert bool((got[..., outside] > FILL / 2).all())
                 diff = (got[..., ~outside] - ref[..., ~outside]).abs().max()
                 assert diff < (5e-2 if mode == "full" else 0.3), (mode, float(diff))
+
+
+# ----------------------------------------------------------------------------- feature drafts (arch=feature)
+
+def _feature(tmp_path, data_dir, **kw) -> td.TrainDraftConfig:
+    base = dict(arch="feature", init_layers=[-1], unroll=1, head_vocab=160, head_bias=True)
+    base.update(kw)
+    return _cached(tmp_path, data_dir, **base)
+
+
+def test_feature_training_raises_held_out_alpha(tmp_path, data_dir):
+    meta = td.Trainer(_feature(tmp_path, data_dir, max_steps=30)).run()
+    first, last = meta["eval_init"]["all"], meta["eval"]["all"]
+    assert last["alpha"] > first["alpha"] + 0.1, (first["alpha"], last["alpha"])
+    assert {"alpha_d2", "alpha_d3"} <= set(last)
+
+
+def test_feature_zero_lr_is_a_negative_control(tmp_path, data_dir):
+    meta = td.Trainer(_feature(tmp_path, data_dir, lr=0.0, max_steps=6)).run()
+    assert meta["eval"]["all"]["alpha"] == pytest.approx(meta["eval_init"]["all"]["alpha"], abs=1e-9)
+
+
+def test_feature_student_from_a_token_draft_starts_as_that_draft(tmp_path, data_dir):
+    """fc starts as [identity, 0]: warm-started from an exported token draft, the feature student's logits
+    are the token draft's whatever the features."""
+    out = tmp_path / "token"
+    token = td.Trainer(_cached(tmp_path, data_dir, max_steps=2, out_dir=str(out)))
+    token.run()
+    cfg = _feature(tmp_path, data_dir, ckpt_dir=str(tmp_path / "fckpt"), init_layers=[0], init_from=str(out),
+                   head_vocab=0, head_bias=False, max_steps=0)
+    feat = td.Trainer(cfg)
+    x = torch.tensor([[1, 2, 3, 40, 50]])
+    with torch.no_grad():
+        want = load_tied_draft(out, token.teacher)(x).logits  # the exported (fp16-stored) token draft
+        got = feat.student(input_ids=x, features=torch.randn(1, 5, feat.student.config.hidden_size)).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_text_shards_hold_the_teachers_top_k_and_features_and_resume(tmp_path, data_dir):
+    cfg = _feature(tmp_path, data_dir, max_steps=2, text_shards=2, text_rows=3, text_len=20,
+                   text_mix={"gsm8k": 0.5, "wikitext": 0.5})
+    first = td.Trainer(cfg)
+    assert first.cache.n_text() == 2
+    row = next(r for r in first.cache.rows if r["source"].startswith("text:"))
+    assert row["gen_from"] == 0 and len(row["ids"]) == 20
+    with torch.no_grad():
+        out = first.teacher(input_ids=row["ids"][None].long(), output_hidden_states=True)
+    top = torch.log_softmax(out.logits[0, :-1], -1).topk(cfg.cache_topk, -1)
+    assert torch.equal(top.indices.int(), row["topk_ids"])
+    torch.testing.assert_close(row["feat"].float(), out.hidden_states[-1][0], atol=1e-2, rtol=1e-2)
+    onpolicy = next(r for r in first.cache.rows if not r["source"].startswith("text:"))
+    with torch.no_grad():
+        h = first.teacher(input_ids=onpolicy["ids"][None].long(), output_hidden_states=True).hidden_states[-1][0]
+    torch.testing.assert_close(onpolicy["feat"].float(), h, atol=1e-2, rtol=1e-2)
+    files = sorted(p.name for p in first.cache.dir.iterdir())
+    second = td.Trainer(cfg)  # reads the text shards and feature files back, builds nothing
+    assert sorted(p.name for p in second.cache.dir.iterdir()) == files
+    assert len(second.cache.rows) == len(first.cache.rows)
+
+
+def test_exported_feature_draft_loads_and_decodes_exactly(tmp_path, data_dir):
+    import tinymodels as tm
+
+    import mtad
+    from mtad.feature_draft import FeatureDraft
+    from mtad.pair import ModelPair
+
+    out = tmp_path / "fdraft"
+    trainer = td.Trainer(_feature(tmp_path, data_dir, max_steps=4, out_dir=str(out)))
+    trainer.run()
+    draft = load_tied_draft(out, trainer.teacher)
+    assert isinstance(draft, FeatureDraft) and draft.reads_target_features
+    assert json.loads((out / "config.json").read_text())["mtad_feature_draft"] is True
+    prompt = [5, 7, 11, 13]
+    r = mtad.generate(ModelPair(trainer.teacher, draft), prompt,
+                      dict(name="speculative", temperature=0, max_new_tokens=12, gamma=3), torch.Generator().manual_seed(0))
+    assert r.tokens == tm.oracle_greedy(trainer.teacher, prompt, 12)
+
+
+def test_feature_config_validation():
+    with pytest.raises(ValueError, match="arch"):
+        td.TrainDraftConfig(arch="eagle")
+    with pytest.raises(ValueError, match="data=cache"):
+        td.TrainDraftConfig(arch="feature")
+    with pytest.raises(ValueError, match="text_shards"):
+        td.TrainDraftConfig(text_shards=2)

@@ -76,8 +76,11 @@ class Run:
     def blocks(self, models, rng: torch.Generator, depth: int | None = None):
         """The speculative-family loop: creates the target and draft sessions of this call, then yields
         ``(target, draft, K)`` once per iteration, where K is the draft depth (``depth`` or gamma) shortened
-        so the block and its bonus token fit. When no block fits, the tail is plain target steps."""
+        so the block and its bonus token fit. When no block fits, the tail is plain target steps.
+        A feature draft (``reads_target_features``, :mod:`mtad.feature_draft`) is linked to the target."""
         target, draft = self.session(models.target, "target"), self.session(models.draft, "draft")
+        if getattr(models.draft, "reads_target_features", False):
+            draft.link(target)
         while not self.done:
             K = min(depth or self.cfg.gamma, self.remaining - 1)
             if K < 1:

@@ -23,6 +23,11 @@ layers; linear forwards get the model's own sliding mask (transformers' mask fun
 indices, offset 0 for a full-length layer), tree forwards one mask per layer type (:meth:`Session._tree_mask`).
 Cost: a sliding layer's cache grows with the context like a full layer's (memory and attention over ``L``
 keys, masked to ``W``).
+
+Feature drafts (:mod:`mtad.feature_draft`): :meth:`Session.link` makes a draft session read the target
+session's final hidden states. Both then keep one hidden state per cache index (``feats``), carried through
+every crop, beam reorder and path compaction like the keys and values; each new draft token gets its
+parent's feature, the target's where the target computed the same text, else the draft's own.
 """
 from __future__ import annotations
 
@@ -141,15 +146,35 @@ class Session:
         self._anc = torch.zeros(0, 0, dtype=torch.bool)  # (N, N) ancestor-or-self among tree nodes
         self.batch = 1
         self._stable = 0  # ids[:_stable] are known to be committed
+        # feature drafts (mtad.feature_draft): final hidden state per cache index, and the linked source
+        self.feats: torch.Tensor | None = None  # (B, len(self), D) when keep_feats
+        self.keep_feats = False
+        self.source: "Session | None" = None  # the target session whose features this draft reads
+        self._exact: int | None = None  # ids[:_exact] were computed from source features (None: not linked)
 
     def __len__(self) -> int:
         return len(self.ids) + len(self.node_parent)
 
+    def link(self, source: "Session") -> None:
+        """Make this (feature draft) session read ``source``'s final hidden states (mtad.feature_draft)."""
+        self.source, self.keep_feats, self._exact = source, True, 0
+        source.keep_feats = True  # a Session (or mtad.feature_draft.ZeroSource when timing the draft alone)
+
     # ---- forwards -------------------------------------------------------------------------------
-    def _run(self, input_ids: torch.Tensor, keep: int, **kw) -> torch.Tensor:
+    def _run(self, input_ids: torch.Tensor, keep: int, parents: list[int] | None = None,
+             text: list[int] | None = None, **kw) -> torch.Tensor:
+        """One model forward. A feature draft also gets each new token's parent feature: ``parents`` are
+        their parents' cache indices, ``text`` the linear tokens including this call's (linear forwards)."""
         t0 = time.perf_counter()
+        if self.source is not None:
+            kw["features"] = self._parent_features(parents, self.ids if text is None else text)  # (B, S, D)
+        if self.keep_feats:
+            kw["output_hidden_states"] = True
         out = self.model(input_ids=input_ids.to(self.device), cache=self.cache, use_cache=True,
                          logits_to_keep=keep, **kw)
+        if self.keep_feats:
+            h = out.hidden_states[-1]  # (B, S, D): the final hidden state (after the last norm)
+            self.feats = h if self.feats is None else torch.cat([self.feats, h], 1)
         self.stats.forward_time_s += time.perf_counter() - t0
         if self.role == "target":
             self.stats.target_forwards += 1
@@ -165,13 +190,20 @@ class Session:
         """Append ``new_ids`` to the linear part (batch 1); logits of the last ``keep`` positions (keep, V)."""
         assert not self.node_parent and self.batch == 1, "linear forward on a cache holding tree nodes or beams"
         x = torch.tensor([new_ids], dtype=torch.long)  # (1, S)
-        logits = self._run(x, keep)[0]  # (keep, V)
+        L = len(self.ids)
+        parents = list(range(L - 1, L + len(new_ids) - 1))
+        if self.source is not None and len(new_ids) > 1:
+            self._fill_source(new_ids)
+        logits = self._run(x, keep, parents, self.ids + new_ids)[0]  # (keep, V)
+        if self._exact == L and parents[-1] < self._source_valid(self.ids + new_ids):  # all source features
+            self._exact = L + len(new_ids)
         self.ids.extend(new_ids)
         return logits
 
     def forward_beams(self, tokens: torch.Tensor) -> torch.Tensor:
         """One step of ``W`` beams held in the batch dimension: tokens (W,) -> logits (W, V)."""
-        return self._run(tokens.view(-1, 1), 1)[:, -1]  # (W, V)
+        last = None if self.feats is None else [self.feats.shape[1] - 1]  # beams are not in ids: cache length
+        return self._run(tokens.view(-1, 1), 1, last)[:, -1]  # (W, V)
 
     def forward_tree(self, tokens: list[int], parents: list[int], keep: int = 0) -> torch.Tensor:
         """Append tree nodes; ``parents[i]`` is the cache index of node i's parent: the last linear token,
@@ -179,14 +211,52 @@ class Session:
         Sliding-window layers get their own mask (:meth:`_tree_mask`). Returns logits of the last ``keep``
         new nodes (all when 0): (keep or S, V)."""
         L, P, S = len(self), len(self.ids), len(tokens)
+        assert self.source is None or max(parents) < L, "a feature draft's tree nodes hang off earlier calls"
         pos, anc = self._extend_tree(parents)
         mask = torch.zeros(S, L + S, dtype=torch.bool)  # (S, L+S) True = attend
         mask[:, :P] = True
         mask[:, P:] = anc[L - P:]
         x = torch.tensor([tokens], dtype=torch.long)  # (1, S)
         positions = torch.tensor([pos], dtype=torch.long)  # (1, S)
-        return self._run(x, keep, attention_mask=self._tree_mask(mask, positions[0]),
+        return self._run(x, keep, parents, attention_mask=self._tree_mask(mask, positions[0]),
                          position_ids=positions.to(self.device))[0]  # (S', V)
+
+    # ---- feature drafts (mtad.feature_draft) ---------------------------------------------------------
+    def _source_valid(self, text: list[int]) -> int:
+        """How many leading tokens of ``text`` the source's linear part shares (its features hold there)."""
+        a, b = text, self.source.ids
+        n = min(len(a), len(b))
+        if a[:n] == b[:n]:
+            return n
+        k = 0
+        while a[k] == b[k]:
+            k += 1
+        return k
+
+    def _fill_source(self, new_ids: list[int]) -> None:
+        """A multi-token linear forward feeds committed text (``Run.pending``): the parents of its tokens
+        that the source has not computed (the prompt, in the first block) are fed to the source first."""
+        text = self.ids + new_ids
+        self.source.sync(text)  # the source's cache keeps its longest prefix shared with the text, minus one
+        missing = text[len(self.source.ids):len(text) - 1]
+        if missing:
+            self.source.forward(missing)
+
+    def _parent_features(self, parents: list[int], text: list[int]) -> torch.Tensor:
+        """(B, S, D): for each new token, the source's feature at its parent when the source computed that
+        position for the same text, else this session's own output there (zeros before position 0)."""
+        valid = self._source_valid(text)
+        src, own = self.source.feats, self.feats
+        D = self.model.config.hidden_size
+        cols = []
+        for p in parents:
+            if p < 0:
+                cols.append(torch.zeros(self.batch, D, device=self.device))
+            elif p < valid:
+                cols.append(src[0, p].to(self.device).expand(self.batch, D))
+            else:
+                cols.append(own[:, p].to(self.device))
+        return torch.stack(cols, 1)  # (B, S, D)
 
     def _tree_mask(self, visible: torch.Tensor, pos: torch.Tensor):
         """Float 4D mask(s) from ``visible`` (S, L+S) for queries at positions ``pos`` (S,): one tensor, or a
@@ -235,17 +305,23 @@ class Session:
         (a resampled token can equal the draft token the cache already holds)."""
         assert not self.node_parent and self.batch == 1
         n = min(len(self.ids), len(tokens) - 1)
+        if self._exact is not None:  # a feature draft re-feeds tokens it computed from its own features
+            n = min(n, self._exact)
         k = min(self._stable, n)
         while k < n and self.ids[k] == tokens[k]:
             k += 1
         self._crop(len(self.ids) - k)
         del self.ids[k:]
         self._stable = k
+        if self._exact is not None:
+            self._exact = min(self._exact, k)
 
     def _crop(self, drop: int) -> None:
         if drop > 0:
             self._check_surgery("roll back")
             self.cache.crop(-drop)  # transformers 5.x: negative count = tokens to remove
+            if self.feats is not None:
+                self.feats = self.feats[:, :-drop]
 
     def _check_surgery(self, what: str) -> None:
         if self._surgery_error:
@@ -255,11 +331,15 @@ class Session:
     def expand(self, W: int) -> None:
         """Replicate the batch-1 cache into ``W`` beams."""
         self.cache.batch_repeat_interleave(W)
+        if self.feats is not None:
+            self.feats = self.feats.repeat_interleave(W, 0)
         self.batch = W
 
     def select(self, rows: torch.Tensor) -> None:
         """Reorder/select beams: row b of the new cache is old row ``rows[b]`` (beam parent indices)."""
         self.cache.reorder_cache(rows.to(self.device))
+        if self.feats is not None:
+            self.feats = self.feats.index_select(0, rows.to(self.feats.device))
         self.batch = len(rows)
 
     def collapse(self, row: int, tokens: list[int]) -> None:
@@ -278,6 +358,8 @@ class Session:
                 idx = keep.to(layer.keys.device)
                 layer.keys = layer.keys.index_select(-2, idx)  # (B, H, P + len(nodes), D)
                 layer.values = layer.values.index_select(-2, idx)
+        if self.feats is not None:
+            self.feats = self.feats.index_select(1, keep.to(self.feats.device))
         self.node_parent.clear()
         self.node_pos.clear()
         self._anc = torch.zeros(0, 0, dtype=torch.bool)
