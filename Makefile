@@ -36,7 +36,7 @@ run: $(STAMP)  ## the main job, ~4 min on 2 CPU cores: MTAD, embedded SmolLM2 pa
 sweep: $(STAMP)  ## a grid: speculative vs mtad on gsm8k and humaneval with the embedded pair
 	HF_HUB_OFFLINE=1 $(PY) -m mtad -m model=smollm2 decoder=speculative,mtad task=gsm8k,humaneval num_threads=1 $(ARGS)
 
-reproduce-table: $(STAMP)  ## regenerate results/tables/<experiment>.md/.tex (PROFILE=cpu|cpu_bf16|cpu_full|quick|paper)
+reproduce-table: $(STAMP)  ## regenerate results/tables/<experiment>.md/.tex (PROFILE=cpu|cpu_feature|cpu_bf16|cpu_bf16_feature|cpu_full|quick|paper)
 	HF_HUB_OFFLINE=1 $(PY) -m mtad.reproduce --profile $(PROFILE) $(ARGS)
 
 bench: $(STAMP)  ## speed benchmark vs Hugging Face generate/assisted generation -> results/bench.jsonl

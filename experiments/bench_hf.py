@@ -220,7 +220,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--draft", default="models/smollm2-draft", help="the SmolLM2 draft directory")
     p.add_argument("--draft-head", default="full", help="model.draft_head: full | int8 | reduced | reduced_int8")
     p.add_argument("--quantize", default="none", help="model.quantize of the target: none | int8")
-    p.add_argument("--dtype", default="float32", help="model.dtype of both models: float32 | bfloat16 (AVX512-BF16 CPUs)")
+    p.add_argument("--dtype", default="float32",
+                   help="model.dtype of both models: float32 | bfloat16 (AVX512-BF16 CPUs)")
     p.add_argument("--costs", action="store_true",
                    help="only the step-cost table: target fp32/int8 (1 and gamma+1 tokens), draft per head mode")
     p.add_argument("--cost-reps", type=int, default=15, help="interleaved rounds of the cost table")

@@ -33,6 +33,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mtad.decoding.kv import Session
 
 log = logging.getLogger("mtad.costmodel")
 
@@ -234,7 +238,8 @@ def measure_model(model, role: str, gamma: int, W: int, context: int, reps: int,
     for n in SEQ_EXTRA:  # prefill of n tokens into an empty cache
         if n <= (max_positions or 10 ** 9):
             ids = (ctx * (n // len(ctx) + 1))[:n]
-            shapes.append((f"{role}:seq:1", n, nothing, lambda ids=ids: timing_session(model, Stats(), role).forward(ids)))
+            shapes.append((f"{role}:seq:1", n, nothing,
+                           lambda ids=ids: timing_session(model, Stats(), role).forward(ids)))
     for B in range(2, W + 1):  # one token in each of B beam rows
         shapes.append((f"{role}:seq:{B}", 1, nothing,
                        lambda s=fresh(B), tok=torch.tensor(ctx[:B]): s.forward_beams(tok)))

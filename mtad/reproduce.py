@@ -11,8 +11,10 @@ then every run would, and the sweep stops with that message (exit status 2).
 
 Profiles: ``quick`` (tiny random pair, minutes; tests and CI: the ``quick`` grid and the reviewers' controls
 ``quick_controls``), ``cpu`` (the embedded SmolLM2 pair: the claims' comparisons, sampling / speculative / mtad
-on two tasks with 30 prompts each, under an hour on 2 cores), ``cpu_bf16`` (the same cells with the pair in
-bfloat16, ``conf/model/smollm2_bf16.yaml``), ``cpu_full`` (every decoder on four tasks, 30
+on two tasks with 30 prompts each, under an hour on 2 cores), ``cpu_feature`` (the same cells with the feature
+draft, ``conf/model/smollm2_feature.yaml``), ``cpu_bf16`` (the same cells with the pair in
+bfloat16, ``conf/model/smollm2_bf16.yaml``), ``cpu_bf16_feature`` (those with the feature draft,
+``conf/model/smollm2_bf16_feature.yaml``), ``cpu_full`` (every decoder on four tasks, 30
 prompts: about four hours), ``paper`` (the paper's pairs; GPUs). ``--experiment tau|gamma|beam_width|
 temperature`` runs an ablation or control preset instead, with the extra runs its table needs
 (:data:`EXTRA_RUNS`). Before rendering, a cost profile of the pair on this machine
@@ -33,8 +35,9 @@ from pathlib import Path
 
 log = logging.getLogger("mtad.reproduce")
 
-PROFILES = {"quick": ("quick", "quick_controls"), "cpu": ("cpu_table",), "cpu_bf16": ("cpu_table_bf16",),
-            "cpu_full": ("cpu_full",),
+PROFILES = {"quick": ("quick", "quick_controls"), "cpu": ("cpu_table",), "cpu_feature": ("cpu_table_feature",),
+            "cpu_bf16": ("cpu_table_bf16",),
+            "cpu_bf16_feature": ("cpu_table_bf16_feature",), "cpu_full": ("cpu_full",),
             "paper": ("paper_table",)}
 # Extra runs a preset's table needs but its grid cannot express (a Hydra grid is a Cartesian product), each
 # a list of overrides (sweeps allowed): the speed-up baseline of the ablations that sweep only MTAD settings,
@@ -245,9 +248,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mtad.reproduce", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", choices=sorted(PROFILES), default="cpu",
-                   help="quick: tiny pair, minutes; cpu: embedded SmolLM2 pair, <1 h on 2 cores; cpu_bf16: the same "
-                        "in bfloat16; cpu_full: ~4 h; "
-                        "paper: GPUs")
+                   help="quick: tiny pair, minutes; cpu: embedded SmolLM2 pair, <1 h on 2 cores; cpu_feature: the "
+                        "same with the feature draft; cpu_bf16: the same in bfloat16; cpu_bf16_feature: bf16 with "
+                        "the feature draft; cpu_full: ~4 h; paper: GPUs")
     p.add_argument("--experiment", default=None,
                    help="run this conf/experiment preset instead of the profile's (e.g. tau, gamma, beam_width)")
     p.add_argument("--tables-dir", default=None, help="where the .md/.tex go (default: <results_dir>/tables)")

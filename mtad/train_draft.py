@@ -97,6 +97,7 @@ class TrainDraftConfig:
     threads: int = 1  # CPU threads (0 = leave torch's default)
     device: str = "auto"  # auto | cpu | cuda
     seed: int = 0
+    data_seed: int = -1  # seed of the cached shards (-1: ``seed``); another value draws fresh data, same eval set
     resume: bool = True
     tiny_hidden: int = 64  # target=tiny only
     tiny_layers: int = 4
@@ -493,8 +494,9 @@ def _before_eos(gen: torch.Tensor, eos) -> torch.Tensor:
 #
 # Cache format (``cache_dir``, default ``<ckpt_dir>/onpolicy``; format CACHE_FORMAT): one file per shard,
 # ``shard-00000.pt`` ... written atomically (torch.save of a dict), shard i generated with seed
-# ``seed * 1_000_003 + 7919 * (i + 1)`` (so a resumed run regenerates nothing and a lost shard regenerates
-# the same text), plus ``meta.json`` (the generation settings; a mismatching cache is refused). A shard:
+# ``data_seed * 1_000_003 + 7919 * (i + 1)`` (``data_seed``: ``seed`` unless set; so a resumed run regenerates
+# nothing and a lost shard regenerates the same text), plus ``meta.json`` (the generation settings; a
+# mismatching cache is refused). A shard:
 #   {"format": 1, "index": i, "rows": [{"source": str, "ids": int32 (L,) prompt + answer (up to its EOS),
 #     "gen_from": int P - 1 (first position whose next token is an answer token),
 #     "topk_ids": int32 (L - 1, K), "topk_logp": float16 (L - 1, K)}, ...]}
@@ -504,14 +506,18 @@ def _before_eos(gen: torch.Tensor, eos) -> torch.Tensor:
 CACHE_FORMAT = 1
 
 
+def data_seed(cfg) -> int:
+    return cfg.seed if cfg.data_seed < 0 else cfg.data_seed
+
+
 def shard_seed(cfg, index: int) -> int:
-    return cfg.seed * 1_000_003 + 7919 * (index + 1)
+    return data_seed(cfg) * 1_000_003 + 7919 * (index + 1)
 
 
 def cache_meta(cfg) -> dict:
     return {"format": CACHE_FORMAT, "target": cfg.target, "gen_top_k": cfg.gen_top_k, "gen_top_p": cfg.gen_top_p,
             "gen_tokens": cfg.gen_tokens, "gen_prompt_len": cfg.gen_prompt_len, "gen_batch": cfg.gen_batch,
-            "cache_topk": cfg.cache_topk, "onpolicy_mix": dict(sorted(cfg.onpolicy_mix.items())), "seed": cfg.seed,
+            "cache_topk": cfg.cache_topk, "onpolicy_mix": dict(sorted(cfg.onpolicy_mix.items())), "seed": data_seed(cfg),
             "tiny": [cfg.tiny_hidden, cfg.tiny_layers] if cfg.target == "tiny" else None}
 
 
@@ -1103,8 +1109,9 @@ draft's vocabulary (an upper bound on α); block efficiency = (1 − α^5)/(1 �
 {curve}
 
 ## Speculative / MTAD figures
-- Measured acceptance rate and block efficiency of `speculative` (γ = 4) on GSM8K / HumanEval: **TO BE MEASURED**
-- ms/token vs. target-only sampling on CPU: **TO BE MEASURED**
+- Not measured at export. Decode with this draft to measure them (block efficiency, acceptance, ms/token against
+  sampling, output perplexity): `make reproduce-table PROFILE=cpu ARGS="model.draft=<this directory>"`, then add
+  the figures here.
 
 ## Reproduce
 `{meta['command']}`
@@ -1172,9 +1179,9 @@ for γ = 4.
 {table}
 
 ## Speculative / MTAD figures
-- Measured acceptance rate and block efficiency of `speculative` (γ = 4) on GSM8K / HumanEval: **TO BE MEASURED**
-- MTAD (W = 4, τ = 0.5) acceptance and block efficiency: **TO BE MEASURED**
-- ms/token vs. target-only sampling on CPU: **TO BE MEASURED**
+- Not measured at export. Decode with this draft to measure them (block efficiency, acceptance, ms/token against
+  sampling, output perplexity): `make reproduce-table PROFILE=cpu ARGS="model.draft=<this directory>"`, then add
+  the figures here.
 
 ## Reproduce
 `{meta['command']}`
@@ -1221,6 +1228,8 @@ class Trainer:
             path = self.ckpt_path()
             if cfg.resume and path.is_file():
                 kept = torch.load(path, map_location="cpu", weights_only=False).get("kept_ids")
+            if kept is None and self._init_head() is not None and len(self._init_head()["kept_ids"]) == cfg.head_vocab:
+                kept = self._init_head()["kept_ids"]  # continue an exported draft with its own head
             if kept is None:
                 if not self.cache.rows:
                     self._generate()
@@ -1232,6 +1241,28 @@ class Trainer:
             self.col_of = torch.full((self.teacher.config.vocab_size,), -1, dtype=torch.long)
             self.col_of[self.kept] = torch.arange(len(self.kept))
         install_train_head(self.student, None if self.kept is None else self.kept.to(self.device), cfg.head_bias)
+        init = self._init_head()
+        if cfg.head_bias and init is not None and init["bias"] is not None:
+            bias = self.student.lm_head.bias
+            if self.kept is not None and torch.equal(init["kept_ids"], self.kept.cpu()):
+                src = init["bias"]
+            else:  # another id set: carry the bias of the ids both heads keep, 0 elsewhere
+                full = torch.zeros(self.teacher.config.vocab_size)
+                full[init["kept_ids"]] = init["bias"]
+                src = full if self.kept is None else full[self.kept.cpu()]
+            with torch.no_grad():
+                bias.copy_(src.to(bias.device, bias.dtype))
+
+    def _init_head(self) -> Optional[dict]:
+        """The exported head (kept ids, bias) of ``init_from``, or None (no init_from / no head file)."""
+        if not self.cfg.init_from:
+            return None
+        from mtad.draft_head import HEAD_FILE, read_head_file
+
+        if not hasattr(self, "_init_head_cache"):
+            path = _resolve(self.cfg.init_from)
+            self._init_head_cache = read_head_file(path) if (path / HEAD_FILE).is_file() else None
+        return self._init_head_cache
 
     def _build_text(self) -> None:
         """Build the missing text shards (``text_shards``); each is written atomically, so a rerun resumes."""

@@ -9,10 +9,9 @@ from __future__ import annotations
 import functools
 
 import pytest
-import torch
-
 import tinymodels as tm
-from test_decoding import DIST_PROMPT, DRAFTED, N_DRAWS, N_NEW, PROMPT, SETTINGS, broken_speculative, chi_square, ids
+import torch
+from test_decoding import DRAFTED, N_DRAWS, N_NEW, PROMPT, SETTINGS, broken_speculative, chi_square, ids
 
 import mtad
 import mtad.decoding.speculative as speculative_mod

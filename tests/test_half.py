@@ -9,8 +9,11 @@ logits are within a rounding step of each other. The model seed is chosen so tha
 smallest top-2 gap is at least ``MIN_GAP_ULPS`` units in the last place of the dtype at the logits' scale
 (seed 6: bf16 llama 5 ulp / opt 4 ulp, fp16 20 / 48 ulp; seed 8 would have an exact bf16 tie, where any
 answer is "greedy"). :func:`test_oracle_path_has_no_near_tie` enforces that precondition, so a model change
-that creates a near-tie fails loudly instead of making the exactness tests flaky. Tree tolerance: one ulp
-at the logits' scale (the measured difference is 0 in both dtypes); the leaky-mask control must still fail.
+that creates a near-tie fails loudly instead of making the exactness tests flaky. Tree tolerance: TREE_ULPS
+units in the last place at the logits' scale. Measured: 0 in both dtypes on an AVX512 CPU and with eager
+attention everywhere; up to 1.75 ulp with sdpa on an AVX2-only AMD EPYC (its half-precision sdpa kernel blocks
+the reduction differently for a tree than for a path). The leaky-mask control leaks at least 53 ulp on five
+nodes there, so it still fails.
 The full decoder x draft grid is ``slow``; the default suite runs one draft per decoder (about 10 s).
 """
 from __future__ import annotations
@@ -32,6 +35,7 @@ PROMPT = [5, 7, 11]
 N_NEW = 13
 SEED = 6
 MIN_GAP_ULPS = 3
+TREE_ULPS = 4
 DTYPES = [torch.bfloat16, torch.float16]
 ARCHS = ["llama", "opt"]
 DECODERS = [
@@ -134,7 +138,7 @@ def _tree_errors(m, dtype) -> list[float]:
 @torch.no_grad()
 def test_tree_nodes_equal_the_path_alone(arch, attn, dtype):
     m = tm.model(arch, 1, 32, hidden=16, attn=attn).to(dtype)
-    tol = ulp(dtype, kvt.alone(m, kvt.PREFIX))
+    tol = TREE_ULPS * ulp(dtype, kvt.alone(m, kvt.PREFIX))
     errs = _tree_errors(m, dtype)
     assert len(errs) == 11 and max(errs) <= tol, (max(errs), tol)
 
@@ -143,10 +147,10 @@ def test_tree_nodes_equal_the_path_alone(arch, attn, dtype):
 @pytest.mark.parametrize("arch", ARCHS)
 @torch.no_grad()
 def test_leaky_mask_is_caught_in_half_precision(arch, dtype, monkeypatch):
-    """Negative control: the one-ulp tolerance still sees siblings leaking through the mask (the mask is
+    """Negative control: the TREE_ULPS tolerance still sees siblings leaking through the mask (the mask is
     filled with the dtype's minimum, -65504 in fp16, so it must not overflow into a visible score)."""
     m = tm.model(arch, 1, 32, hidden=16).to(dtype)
-    tol = ulp(dtype, kvt.alone(m, kvt.PREFIX))
+    tol = TREE_ULPS * ulp(dtype, kvt.alone(m, kvt.PREFIX))
     orig = Session._extend_tree
 
     def leaky(self, parents):

@@ -252,3 +252,26 @@ def test_real_smollm2_generates(smollm2_pair):
         with torch.no_grad():
             q = pair.draft(ids["input_ids"]).logits
         assert q.shape[-1] == 49152 and torch.isfinite(q).all()
+
+
+def test_cpu_bf16_detection_reads_the_cpu_flags(tmp_path):
+    from mtad.loading import cpu_has_bf16
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor : 0\nflags : fpu sse avx2 avx512f avx512_bf16\n")
+    assert cpu_has_bf16(str(info)) is True
+    info.write_text("processor : 0\nflags : fpu sse avx2 fma\n")  # an AVX2-only CPU (control)
+    assert cpu_has_bf16(str(info)) is False
+    assert cpu_has_bf16(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_on_a_cpu_without_native_bf16_warns(monkeypatch, caplog, native):
+    import mtad.loading as loading
+
+    monkeypatch.setattr(loading, "cpu_has_bf16", lambda: native)
+    with caplog.at_level("WARNING", logger="mtad.loading"):
+        pair = load_pair({"name": "tiny", "kind": "tiny", "dtype": "bfloat16", "device": "cpu"})
+    assert pair.target.dtype == torch.bfloat16
+    warned = any("AVX512-BF16" in r.getMessage() for r in caplog.records)
+    assert warned is (not native)

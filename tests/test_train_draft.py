@@ -98,7 +98,7 @@ def test_export_reties_embedding_and_matches_student(tmp_path, data_dir):
     out = tmp_path / "draft"
     assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "draft.json", "MODEL_CARD.md"}
     card = (out / "MODEL_CARD.md").read_text()
-    assert "TO BE MEASURED" in card and f"{meta['eval']['all']['top1']:.3f}" in card
+    assert "Not measured at export" in card and f"{meta['eval']['all']['top1']:.3f}" in card
     from safetensors.torch import load_file
 
     stored = load_file(str(out / "model.safetensors"))
@@ -361,7 +361,8 @@ def test_exported_feature_draft_loads_and_decodes_exactly(tmp_path, data_dir):
     assert json.loads((out / "config.json").read_text())["mtad_feature_draft"] is True
     prompt = [5, 7, 11, 13]
     r = mtad.generate(ModelPair(trainer.teacher, draft), prompt,
-                      dict(name="speculative", temperature=0, max_new_tokens=12, gamma=3), torch.Generator().manual_seed(0))
+                      dict(name="speculative", temperature=0, max_new_tokens=12, gamma=3),
+                      torch.Generator().manual_seed(0))
     assert r.tokens == tm.oracle_greedy(trainer.teacher, prompt, 12)
 
 
@@ -372,3 +373,41 @@ def test_feature_config_validation():
         td.TrainDraftConfig(arch="feature")
     with pytest.raises(ValueError, match="text_shards"):
         td.TrainDraftConfig(text_shards=2)
+
+
+def test_continuing_an_exported_feature_draft_starts_as_that_draft_head_included(tmp_path, data_dir):
+    """init_from an exported draft with a reduced head carries its kept ids and trained bias (a run continued
+    on another machine, where only the export survives, starts where the export stopped)."""
+    from mtad.draft_head import install_head, read_head_file
+
+    out = tmp_path / "fdraft"
+    first = td.Trainer(_feature(tmp_path, data_dir, max_steps=6, lr=3e-2, out_dir=str(out)))
+    first.run()
+    stored = read_head_file(out)
+    assert float(stored["bias"].abs().max()) > 1e-3  # the bias was trained: carrying it is not vacuous
+    cfg = _feature(tmp_path, data_dir, ckpt_dir=str(tmp_path / "again"), init_from=str(out), max_steps=0,
+                   text_shards=0)
+    again = td.Trainer(cfg)
+    assert torch.equal(again.kept.cpu(), stored["kept_ids"])
+    x, f = torch.tensor([[1, 2, 3, 40, 50]]), torch.randn(1, 5, first.student.config.hidden_size)
+    with torch.no_grad():
+        exported = load_tied_draft(out, first.teacher, "float32")
+        install_head(exported, "reduced", out)
+        want = exported(x, features=f).logits
+        got = again.student(input_ids=x, features=f).logits
+        torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+        again.student.lm_head.bias.zero_()  # control: the same layers without the carried bias differ
+        assert (again.student(input_ids=x, features=f).logits - want).abs().max() > 1e-2
+
+
+def test_data_seed_draws_fresh_shards_and_keeps_the_eval_set(tmp_path, data_dir):
+    base = td.Trainer(_cached(tmp_path, data_dir, max_steps=0))
+    base._generate()
+    fresh = td.Trainer(_cached(tmp_path, data_dir, max_steps=0, data_seed=7, ckpt_dir=str(tmp_path / "fresh")))
+    fresh._generate()
+    same = td.Trainer(_cached(tmp_path, data_dir, max_steps=0, data_seed=0, ckpt_dir=str(tmp_path / "same")))
+    same._generate()
+    ids = [[r["ids"].tolist() for r in t.cache.rows] for t in (base, fresh, same)]
+    assert ids[0] != ids[1] and ids[0] == ids[2]  # data_seed=0 is the default seed's data (control)
+    e0, e1 = base.get_eval_set(), fresh.get_eval_set()
+    assert all(torch.equal(a["ids"], b["ids"]) for a, b in zip(e0["items"], e1["items"]))
