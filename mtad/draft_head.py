@@ -103,6 +103,13 @@ def read_head_file(path: Path) -> dict:
     return {"kept_ids": t["kept_ids"].long(), "bias": t["bias"].float() if "bias" in t else None}
 
 
+def full_bias(stored: dict, vocab_size: int) -> torch.Tensor:
+    """A stored head's bias (trained on its kept ids) over the whole vocabulary, 0 outside the kept ids."""
+    bias = torch.zeros(vocab_size)
+    bias[stored["kept_ids"]] = stored["bias"]
+    return bias
+
+
 def install_head(draft, mode: str, path: Optional[Path]) -> None:
     """Replace ``draft.lm_head`` by a ``DraftHead`` for ``mode`` (``full`` keeps a stored bias, if any)."""
     if mode not in HEAD_MODES:
@@ -115,16 +122,10 @@ def install_head(draft, mode: str, path: Optional[Path]) -> None:
         if stored is None or stored["bias"] is None:
             return
         # a bias trained on the kept ids: keep the full vocabulary, bias 0 elsewhere
-        bias = torch.zeros(emb.shape[0])
-        bias[stored["kept_ids"]] = stored["bias"]
-        draft.lm_head = DraftHead(emb, None, bias)
+        draft.lm_head = DraftHead(emb, None, full_bias(stored, emb.shape[0]))
         return
     kept = stored["kept_ids"] if mode.startswith("reduced") else None
     bias = None
     if stored is not None and stored["bias"] is not None:
-        if kept is not None:
-            bias = stored["bias"]
-        else:
-            bias = torch.zeros(emb.shape[0])
-            bias[stored["kept_ids"]] = stored["bias"]
+        bias = stored["bias"] if kept is not None else full_bias(stored, emb.shape[0])
     draft.lm_head = DraftHead(emb, kept, bias, int8=mode.endswith("int8"))

@@ -51,7 +51,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
-from mtad.draft_head import FILL, HEAD_FILE
+from mtad.draft_head import FILL, HEAD_FILE, full_bias, read_head_file
 from mtad.loading import tie_to_target
 from mtad.paths import REPO_ROOT, cache_dir, default_data_dir
 
@@ -1203,8 +1203,11 @@ class Trainer:
         self.teacher, self.tok = load_teacher(cfg, self.device)
         self.corpus = Corpus(self.tok, Path(cfg.data_dir) if cfg.data_dir else default_data_dir())
         self.student = build_student(self.teacher, cfg.layers, list(cfg.init_layers), cfg.arch)
+        self.init_head = None  # the exported head (kept ids, bias) of init_from, carried into a continued run
         if cfg.init_from:
             init_from_draft(self.student, _resolve(cfg.init_from))
+            if (_resolve(cfg.init_from) / HEAD_FILE).is_file():
+                self.init_head = read_head_file(_resolve(cfg.init_from))
         self.cache, self.kept, self.col_of = None, None, None
         if cfg.data == "cache":
             self.cache = OnPolicyCache(cfg, _resolve(cfg.cache_dir) if cfg.cache_dir else self.ckpt_dir / "onpolicy")
@@ -1228,8 +1231,8 @@ class Trainer:
             path = self.ckpt_path()
             if cfg.resume and path.is_file():
                 kept = torch.load(path, map_location="cpu", weights_only=False).get("kept_ids")
-            if kept is None and self._init_head() is not None and len(self._init_head()["kept_ids"]) == cfg.head_vocab:
-                kept = self._init_head()["kept_ids"]  # continue an exported draft with its own head
+            if kept is None and self.init_head is not None and len(self.init_head["kept_ids"]) == cfg.head_vocab:
+                kept = self.init_head["kept_ids"]  # continue an exported draft with its own head
             if kept is None:
                 if not self.cache.rows:
                     self._generate()
@@ -1241,28 +1244,13 @@ class Trainer:
             self.col_of = torch.full((self.teacher.config.vocab_size,), -1, dtype=torch.long)
             self.col_of[self.kept] = torch.arange(len(self.kept))
         install_train_head(self.student, None if self.kept is None else self.kept.to(self.device), cfg.head_bias)
-        init = self._init_head()
+        init = self.init_head
         if cfg.head_bias and init is not None and init["bias"] is not None:
+            src = full_bias(init, self.teacher.config.vocab_size)  # another id set keeps the shared ids' bias
+            src = src if self.kept is None else src[self.kept.cpu()]
             bias = self.student.lm_head.bias
-            if self.kept is not None and torch.equal(init["kept_ids"], self.kept.cpu()):
-                src = init["bias"]
-            else:  # another id set: carry the bias of the ids both heads keep, 0 elsewhere
-                full = torch.zeros(self.teacher.config.vocab_size)
-                full[init["kept_ids"]] = init["bias"]
-                src = full if self.kept is None else full[self.kept.cpu()]
             with torch.no_grad():
                 bias.copy_(src.to(bias.device, bias.dtype))
-
-    def _init_head(self) -> Optional[dict]:
-        """The exported head (kept ids, bias) of ``init_from``, or None (no init_from / no head file)."""
-        if not self.cfg.init_from:
-            return None
-        from mtad.draft_head import HEAD_FILE, read_head_file
-
-        if not hasattr(self, "_init_head_cache"):
-            path = _resolve(self.cfg.init_from)
-            self._init_head_cache = read_head_file(path) if (path / HEAD_FILE).is_file() else None
-        return self._init_head_cache
 
     def _build_text(self) -> None:
         """Build the missing text shards (``text_shards``); each is written atomically, so a rerun resumes."""
