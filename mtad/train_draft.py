@@ -502,7 +502,9 @@ def _before_eos(gen: torch.Tensor, eos) -> torch.Tensor:
 #     "topk_ids": int32 (L - 1, K), "topk_logp": float16 (L - 1, K)}, ...]}
 # where row t of topk_* is the teacher's top-K raw (T = 1) log-softmax at position t, i.e. its distribution
 # of token t + 1, sorted descending. The verification filter (top-k <= K, then top-p) is computed exactly from
-# these K values, so several epochs on the cache cost no teacher pass.
+# these K values, so several epochs on the cache cost no teacher pass. A feature draft's shard i also has
+# ``feat-shard-0000i.pt`` beside it: {"format": 1, "stem", "feats": [float16 (L, D) per row]}, the teacher's
+# final hidden state at every position, read off the generating passes (``sample_topk(features=True)``).
 CACHE_FORMAT = 1
 
 
@@ -523,9 +525,12 @@ def cache_meta(cfg) -> dict:
 
 @torch.no_grad()
 def sample_topk(teacher, rows: list[list[int]], pad: int, eos, max_new: int, top_k: int, top_p: float, K: int,
-                gen: torch.Generator) -> list[dict]:
+                gen: torch.Generator, features: bool = False) -> list[dict]:
     """The teacher samples (T=1, top-k, top-p: ``mtad.decoding.filter``) up to ``max_new`` tokens after each
-    prompt, batched with left padding; returns per row the ids and the top-K log-probs at every position."""
+    prompt, batched with left padding; returns per row the ids and the top-K log-probs at every position.
+    ``features``: also the teacher's final hidden state at every position of the row (``feat``, fp16 (L, D),
+    what ``teacher_features`` computes teacher-forced), read off the same passes (one extra step feeds the
+    last sampled token), so a feature draft's shard needs no second teacher pass."""
     from transformers import DynamicCache
 
     from mtad.decoding.filter import filter_probs
@@ -539,7 +544,9 @@ def sample_topk(teacher, rows: list[list[int]], pad: int, eos, max_new: int, top
     cache = DynamicCache(config=teacher.config)
     h = teacher.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
                       use_cache=True).last_hidden_state  # (B, P, D)
-    prompt_top = []
+    prompt_top, prompt_h, steps_h = [], [], []
+    if features:
+        prompt_h = [h[b, P - len(r):].to("cpu", torch.float16) for b, r in enumerate(rows)]
     for b, r in enumerate(rows):
         logp = F.log_softmax(teacher.lm_head(h[b, P - len(r):]).float(), -1)  # (len r, V)
         prompt_top.append(logp.topk(K, dim=-1))
@@ -553,6 +560,8 @@ def sample_topk(teacher, rows: list[list[int]], pad: int, eos, max_new: int, top
             pos = pos[:, -1:] + 1
             h = teacher.model(input_ids=toks[-1][:, None], attention_mask=mask, position_ids=pos,
                               cache=cache, use_cache=True).last_hidden_state[:, -1]  # (B, D)
+            if features:
+                steps_h.append(h.to("cpu", torch.float16))  # the feature of answer token step - 1
             vals, idx = F.log_softmax(teacher.lm_head(h).float(), -1).topk(K, dim=-1)  # (B, K)
         steps_v.append(vals)
         steps_i.append(idx)
@@ -566,6 +575,12 @@ def sample_topk(teacher, rows: list[list[int]], pad: int, eos, max_new: int, top
             break
     gen_ids = torch.stack(toks, 1)  # (B, G)
     valid = _before_eos(gen_ids, eos)  # (B, G)
+    if features:  # the last sampled token's feature: one more step
+        mask = torch.cat([mask, torch.ones(B, 1, dtype=mask.dtype, device=device)], 1)
+        h = teacher.model(input_ids=toks[-1][:, None], attention_mask=mask, position_ids=pos[:, -1:] + 1,
+                          cache=cache, use_cache=True).last_hidden_state[:, -1]
+        steps_h.append(h.to("cpu", torch.float16))
+        sh = torch.stack(steps_h, 1)  # (B, G, D): answer tokens 0..G-1
     sv, si = torch.stack(steps_v, 1), torch.stack(steps_i, 1)  # (B, G, K)
     out = []
     for b, r in enumerate(rows):
@@ -578,6 +593,8 @@ def sample_topk(teacher, rows: list[list[int]], pad: int, eos, max_new: int, top
         out.append({"ids": torch.tensor(r + gen_ids[b, :g].tolist(), dtype=torch.int32),
                     "gen_from": len(r) - 1, "topk_ids": ti.to(torch.int32).cpu(),
                     "topk_logp": tv.to(torch.float16).cpu()})
+        if features:
+            out[-1]["feat"] = torch.cat([prompt_h[b], sh[b, :g]], 0)  # (len r + g, D)
     return out
 
 
@@ -637,10 +654,15 @@ class OnPolicyCache:
                    for s in used]
         gen = torch.Generator(device=teacher.get_input_embeddings().weight.device).manual_seed(seed)
         rows = sample_topk(teacher, prompts, tok.pad_token_id, teacher.generation_config.eos_token_id,
-                           cfg.gen_tokens, cfg.gen_top_k, cfg.gen_top_p, cfg.cache_topk, gen)
+                           cfg.gen_tokens, cfg.gen_top_k, cfg.gen_top_p, cfg.cache_topk, gen,
+                           features=cfg.arch == "feature")
         kept = [dict(r, source=s) for r, s in zip(rows, used)] if len(rows) == len(used) else \
             [dict(r, source=s) for r, s in zip(rows, [u for u, p in zip(used, prompts) if p])]
-        shard = {"format": CACHE_FORMAT, "index": i, "rows": kept}
+        shard = {"format": CACHE_FORMAT, "index": i, "rows": [{k: v for k, v in r.items() if k != "feat"}
+                                                              for r in kept]}
+        if cfg.arch == "feature":  # the features beside the shard, as attach_features would write them
+            atomic_save({"format": CACHE_FORMAT, "stem": self.shard_path(i).stem, "feats": [r["feat"] for r in kept]},
+                        self.feat_path(self.shard_path(i).stem))
         atomic_save(shard, self.shard_path(i))
         self.rows += kept
         self.loaded.add(i)

@@ -411,3 +411,26 @@ def test_data_seed_draws_fresh_shards_and_keeps_the_eval_set(tmp_path, data_dir)
     assert ids[0] != ids[1] and ids[0] == ids[2]  # data_seed=0 is the default seed's data (control)
     e0, e1 = base.get_eval_set(), fresh.get_eval_set()
     assert all(torch.equal(a["ids"], b["ids"]) for a, b in zip(e0["items"], e1["items"]))
+
+
+def test_features_read_off_generation_equal_the_teacher_forced_pass(tmp_path, data_dir):
+    """sample_topk(features=True) gives every position the teacher's final hidden state, the same as a
+    teacher-forced pass over the finished row (left padding, KV cache and the extra last step included);
+    shifted by one position they differ (the control)."""
+    trainer = td.Trainer(_feature(tmp_path, data_dir, max_steps=0))
+    teacher = trainer.teacher
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15]]
+    rows = td.sample_topk(teacher, prompts, 0, teacher.generation_config.eos_token_id, 9, 10, 0.9, 12,
+                          torch.Generator().manual_seed(3), features=True)
+    assert len(rows) == 3
+    want = td.teacher_features(teacher, [r["ids"] for r in rows])
+    for r, w in zip(rows, want):
+        assert r["feat"].shape == (len(r["ids"]), teacher.config.hidden_size)
+        torch.testing.assert_close(r["feat"].float(), w.float(), atol=2e-2, rtol=2e-2)
+        assert not torch.allclose(r["feat"][1:].float(), w[:-1].float(), atol=2e-2, rtol=2e-2)
+    plain = td.sample_topk(teacher, prompts, 0, teacher.generation_config.eos_token_id, 9, 10, 0.9, 12,
+                           torch.Generator().manual_seed(3))
+    assert [p["ids"].tolist() for p in plain] == [r["ids"].tolist() for r in rows]  # same samples
+    shard = torch.load(trainer.cache.shard_path(0), weights_only=False)
+    assert all("feat" not in r for r in shard["rows"])  # features live beside the shard
+    assert trainer.cache.feat_path("shard-00000").is_file()
