@@ -434,3 +434,30 @@ def test_features_read_off_generation_equal_the_teacher_forced_pass(tmp_path, da
     shard = torch.load(trainer.cache.shard_path(0), weights_only=False)
     assert all("feat" not in r for r in shard["rows"])  # features live beside the shard
     assert trainer.cache.feat_path("shard-00000").is_file()
+
+
+def test_bf16_generation_labels_the_cache_with_a_bf16_teacher_and_keeps_the_fp32_eval(tmp_path, data_dir):
+    """gen_dtype=bfloat16: the shards hold the bf16 copy's own top-K (not the fp32 teacher's: the control), the
+    held-out set and the teacher stay fp32, and a cache of the other dtype is refused."""
+    cfg = _feature(tmp_path, data_dir, max_steps=0, gen_dtype="bfloat16")
+    trainer = td.Trainer(cfg)
+    assert trainer.teacher.dtype == torch.float32 and trainer.gen_teacher.dtype == torch.bfloat16
+    trainer._generate()
+    row = trainer.cache.rows[0]
+    x = row["ids"][None, :-1].long()
+    with torch.no_grad():
+        lp16 = torch.log_softmax(trainer.gen_teacher(input_ids=x).logits[0].float(), -1)
+        lp32 = torch.log_softmax(trainer.teacher(input_ids=x).logits[0], -1)
+    got = row["topk_logp"].float()
+    err16 = (lp16.gather(1, row["topk_ids"].long()) - got).abs().max()
+    err32 = (lp32.gather(1, row["topk_ids"].long()) - got).abs().max()
+    assert err16 < 5e-3 < err32, (float(err16), float(err32))
+    torch.testing.assert_close(row["feat"].float(), td.teacher_features(trainer.gen_teacher, [row["ids"]])[0].float(),
+                               atol=3e-2, rtol=3e-2)
+    plain = td.Trainer(_feature(tmp_path / "b", data_dir, max_steps=0, ckpt_dir=str(tmp_path / "other")))
+    e0, e1 = trainer.get_eval_set(), plain.get_eval_set()
+    assert all(torch.equal(a["ids"], b["ids"]) for a, b in zip(e0["items"], e1["items"]))
+    with pytest.raises(ValueError, match="other settings"):
+        td.Trainer(replace(cfg, gen_dtype="float32"))
+    with pytest.raises(ValueError, match="gen_dtype"):
+        td.TrainDraftConfig(gen_dtype="float16", data="cache", loss="ce_tv")
