@@ -39,6 +39,7 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_utils import slice_logits_to_keep
 
 CONFIG_FLAG = "mtad_feature_draft"
 
@@ -69,7 +70,7 @@ class FeatureDraft(LlamaForCausalLM):
         self.fc = nn.Linear(2 * D, D, bias=True)
 
     def forward(self, input_ids: torch.Tensor, features: Optional[torch.Tensor] = None, cache=None,
-                use_cache: bool = True, logits_to_keep: int = 0, attention_mask=None, position_ids=None,
+                use_cache: bool = True, logits_to_keep: int | torch.Tensor = 0, attention_mask=None, position_ids=None,
                 output_hidden_states: bool = False, **kwargs) -> CausalLMOutputWithPast:
         """input_ids (B, S); features (B, S, D): the target's (or the draft's own) final hidden state at
         each token's parent. Returns logits of the last ``logits_to_keep`` positions (all when 0) and, with
@@ -80,7 +81,7 @@ class FeatureDraft(LlamaForCausalLM):
                              "cannot drive it: use a token-only draft for those baselines")
         h = self.hidden(input_ids, features, cache=cache, use_cache=use_cache, attention_mask=attention_mask,
                         position_ids=position_ids, **kwargs)  # (B, S, D)
-        kept = h if not logits_to_keep else h[:, -logits_to_keep:]
+        kept = slice_logits_to_keep(h, logits_to_keep)  # an int (last n; 0 = all) or an index tensor
         return CausalLMOutputWithPast(logits=self.lm_head(kept), cache=cache,
                                       hidden_states=(h,) if output_hidden_states else None)
 

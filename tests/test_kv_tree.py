@@ -169,3 +169,25 @@ def test_forward_counts_and_time():
 
 def test_tree_architectures_listed():
     assert {"llama", "opt"} <= kv.TREE_ARCHITECTURES
+
+
+def test_kept_logits_reach_the_head_as_a_fresh_tensor(model):
+    """A linear forward that keeps fewer positions than it feeds hands the head a (1, keep, D) tensor with the
+    strides of a new one (a strided view makes a bf16 CPU matmul copy the whole head: 3x a 5-token step),
+    and the kept logits equal the last rows of keep=0. Control: HF's own int slicing gives the strided view."""
+    seen = []
+    hook = model.get_output_embeddings().register_forward_pre_hook(lambda mod, args: seen.append(args[0].stride()))
+    try:
+        s = Session(model, Stats(), "target")
+        s.forward(PREFIX[:2])
+        kept = s.forward(PREFIX[2:], keep=2)  # (2, V)
+        D = model.config.hidden_size
+        assert seen[-1] == (2 * D, D, 1)
+        full = Session(model, Stats(), "target")
+        full.forward(PREFIX[:2])
+        assert close(kept, full.forward(PREFIX[2:], keep=0)[-2:])
+        with torch.no_grad():
+            model(input_ids=torch.tensor([PREFIX]), logits_to_keep=2)
+        assert seen[-1] == (len(PREFIX) * D, D, 1)  # the control: an int keeps a view of the whole row
+    finally:
+        hook.remove()

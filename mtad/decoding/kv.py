@@ -170,6 +170,9 @@ class Session:
             kw["features"] = self._parent_features(parents, self.ids if text is None else text)  # (B, S, D)
         if self.keep_feats:
             kw["output_hidden_states"] = True
+        S = input_ids.shape[1]
+        if 0 < keep < S:  # kept positions as an index: the head then reads a fresh (B, keep, D) tensor, not a
+            keep = torch.arange(S - keep, S, device=self.device)  # strided view (a bf16 CPU matmul copies the head)
         out = self.model(input_ids=input_ids.to(self.device), cache=self.cache, use_cache=True,
                          logits_to_keep=keep, **kw)
         if self.keep_feats:
