@@ -24,6 +24,12 @@ filter, computed exactly from the cached top-K): ``ce_filtered`` (-sum p~ log q)
 (1 - sum min(p~, q~) = 1 - alpha) or ``ce_tv`` (both). ``head_vocab=N`` trains a head over the N most frequent
 tokens (``mtad.draft_head``; q = 0 elsewhere), ``head_bias`` a per-token bias on it, ``init_from`` warm-starts
 the layers from an exported draft, ``export_only`` exports the latest checkpoint while a run continues.
+``gen_dtype=bfloat16`` lets a bf16 copy of the target sample and label the shards (on an AVX512-BF16 CPU
+2.4x the fp32 rate at batch 32: 11k against 4.7k answer tokens a minute on one thread; its filtered
+distribution is within TV 0.02 of fp32's, ``mtad.quantize --other bfloat16``) **[choice: the labels are the
+bf16 teacher's, not re-scored in fp32, which would cost a second teacher pass per row]**; the held-out
+evaluation and the text shards keep the fp32 teacher. An arch=feature shard stores the teacher's features
+read off the same passes.
 
 No evaluation prompt (GSM8K test, HumanEval, MT-Bench, Spider, ...) is in the training data; GSM8K test and
 HumanEval prompts are the held-out evaluation set. Checkpoints (atomic) go to ``ckpt_dir`` and a rerun
