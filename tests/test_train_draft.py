@@ -461,3 +461,24 @@ def test_bf16_generation_labels_the_cache_with_a_bf16_teacher_and_keeps_the_fp32
         td.Trainer(replace(cfg, gen_dtype="float32"))
     with pytest.raises(ValueError, match="gen_dtype"):
         td.TrainDraftConfig(gen_dtype="float16", data="cache", loss="ce_tv")
+
+
+def test_the_cards_reproduce_line_composes_back_to_the_config():
+    """The model card's command (``_overrides``) survives a POSIX shell and Hydra's grammar and gives back the
+    run's settings; control: JSON-quoted dict keys (what the card printed before) do not compose."""
+    import shlex
+
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    cfg = td.TrainDraftConfig(data="cache", loss="ce_tv", gen_dtype="bfloat16", init_layers=[5, 9], lr=5e-4,
+                              onpolicy_mix={"gsm8k": 0.45, "code": 0.45, "alpaca": 0.1}, head_bias=True,
+                              init_from="models/smollm2-feature-draft")
+    argv = shlex.split(" ".join(td._overrides(cfg)))
+    td._register()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        back = OmegaConf.to_object(compose(config_name="train_draft", overrides=argv))
+        assert back == cfg
+        with pytest.raises(HydraException):
+            compose(config_name="train_draft", overrides=['onpolicy_mix={"gsm8k":0.5,"code":0.5}'])
