@@ -171,6 +171,7 @@ def test_tree_architectures_listed():
     assert {"llama", "opt"} <= kv.TREE_ARCHITECTURES
 
 
+@torch.no_grad()
 def test_kept_logits_reach_the_head_as_a_fresh_tensor(model):
     """A linear forward that keeps fewer positions than it feeds hands the head a (1, keep, D) tensor with the
     strides of a new one (a strided view makes a bf16 CPU matmul copy the whole head: 3x a 5-token step),
@@ -186,8 +187,7 @@ def test_kept_logits_reach_the_head_as_a_fresh_tensor(model):
         full = Session(model, Stats(), "target")
         full.forward(PREFIX[:2])
         assert close(kept, full.forward(PREFIX[2:], keep=0)[-2:])
-        with torch.no_grad():
-            model(input_ids=torch.tensor([PREFIX]), logits_to_keep=2)
+        model(input_ids=torch.tensor([PREFIX]), logits_to_keep=2)
         assert seen[-1] == (len(PREFIX) * D, D, 1)  # the control: an int keeps a view of the whole row
     finally:
         hook.remove()
