@@ -37,16 +37,16 @@ sweep: $(STAMP)  ## a grid: speculative vs mtad on gsm8k and humaneval with the 
 	HF_HUB_OFFLINE=1 $(PY) -m mtad -m model=smollm2 decoder=speculative,mtad task=gsm8k,humaneval num_threads=1 $(ARGS)
 
 reproduce-table: $(STAMP)  ## regenerate results/tables/<experiment>.md/.tex (PROFILE=cpu|cpu_feature|cpu_bf16|cpu_bf16_feature|cpu_full|quick|paper)
-	HF_HUB_OFFLINE=1 $(PY) -m mtad.reproduce --profile $(PROFILE) $(ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m mtad.harness.sweep --profile $(PROFILE) $(ARGS)
 
 bench: $(STAMP)  ## speed benchmark vs Hugging Face generate/assisted generation -> results/bench.jsonl
 	HF_HUB_OFFLINE=1 $(PY) experiments/bench_hf.py $(ARGS)
 
 bench-core: $(STAMP)  ## decoding-core overhead micro-benchmark on tiny models
-	$(PY) -m mtad.bench_core $(ARGS)
+	$(PY) -m mtad.measure.overhead $(ARGS)
 
 train-draft: $(STAMP)  ## distil the SmolLM2 draft (checkpointed, resumable; see models/smollm2-draft/MODEL_CARD.md)
-	HF_HUB_OFFLINE=1 $(PY) -m mtad.train_draft $(ARGS)
+	HF_HUB_OFFLINE=1 $(PY) -m mtad.train.trainer $(ARGS)
 
 gpu-check: $(STAMP)  ## on a GPU machine: GPU tests + a short NVML-measured sweep, rows under results/gpu/ (ARGS=--cpu-dry-run: on the CPU)
 	PY=$(PY) bash experiments/gpu_check.sh $(ARGS)

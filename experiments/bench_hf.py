@@ -57,7 +57,7 @@ log = logging.getLogger("bench_hf")
 def load(quick: bool, draft: str, draft_head: str = "full", quantize: str = "none", dtype: str = "float32"):
     """(pair, message): the tiny pair, or the embedded SmolLM2 pair (target only, with a message, when the
     draft has not been trained yet)."""
-    from mtad.loading import ModelConfig, load_pair
+    from mtad.models.load import ModelConfig, load_pair
 
     if quick:
         return load_pair(ModelConfig(name="tiny", kind="tiny", device="cpu", quantize=quantize, dtype=dtype)), None
@@ -156,7 +156,7 @@ def step_costs(pair, plist, gamma: int, W: int, reps: int = 12) -> dict:
     """Seconds of: a target step, a target pass over gamma + 1 tokens, a draft step, a W-beam draft step
     (medians over ``reps``), at the mean prompt length, through ``mtad.decoding.kv.Session``."""
     from mtad.decoding.kv import Session, Stats
-    from mtad.feature_draft import timing_session
+    from mtad.models.feature_draft import timing_session
 
     L = int(statistics.mean(len(p) for p in plist))
     ids = (plist[0] * (L // len(plist[0]) + 1))[:L]
@@ -234,8 +234,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def run(args) -> list[dict]:
-    from mtad.paths import REPO_ROOT
-    from mtad.results import environment_info, git_info
+    from mtad._util.paths import REPO_ROOT
+    from mtad.harness.store import environment_info, git_info
 
     torch.set_num_threads(args.threads)
     if args.costs:
@@ -255,7 +255,7 @@ def run(args) -> list[dict]:
     # Interleaved blocks; each ratio is taken inside one block (same time window, same prompts).
     blocks = [({"greedy": ours("greedy", args), "hf_greedy": hf("greedy", args)}, [("greedy", "hf_greedy")])]
     if pair.draft is not None and not getattr(pair.draft, "reads_target_features", False):
-        # HF assisted generation cannot feed a feature draft the target's hidden states (mtad.feature_draft)
+        # HF assisted generation cannot feed a feature draft the target's hidden states (mtad.models.feature_draft)
         blocks += [({"speculative": ours("speculative", args), "hf_assisted": hf("assisted", args)},
                     [("speculative", "hf_assisted")])]
     if pair.draft is not None:
@@ -316,14 +316,14 @@ def cost_table(args) -> list[dict]:
     """Step costs in one interleaved run (each round times every variant once, medians over rounds):
     target 1-token step and (gamma+1)-token verify pass, fp32, int8 and bf16; draft 1-token step for every head
     mode (and bf16 layers with the reduced int8 head). Ratios are to the fp32 target step of the same run."""
-    from mtad import smollm2
+    from mtad._util.paths import REPO_ROOT
     from mtad.decoding.kv import Session, Stats
-    from mtad.draft_head import install_head
-    from mtad.feature_draft import timing_session
-    from mtad.loading import ModelConfig, load_pair, load_tied_draft, resolve_local
-    from mtad.paths import REPO_ROOT
-    from mtad.quantize import quantize_target
-    from mtad.results import environment_info, git_info
+    from mtad.harness.store import environment_info, git_info
+    from mtad.models import smollm2
+    from mtad.models.draft_head import install_head
+    from mtad.models.feature_draft import timing_session
+    from mtad.models.load import ModelConfig, load_pair, load_tied_draft, resolve_local
+    from mtad.models.quantize import quantize_target
 
     pair = load_pair(ModelConfig(name="smollm2", kind="smollm2", draft=args.draft, device="cpu", chat_template=True))
     plist = prompts(pair, args.prompts, False)

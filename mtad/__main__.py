@@ -1,7 +1,7 @@
 """``python -m mtad model=<pair> decoder=<name> task=<task>`` (Hydra; ``-m`` for a sweep).
 
 Bad input (``ValueError``, ``FileNotFoundError``, ``OSError``) ends a single run with one ``mtad: error:``
-line and exit status 2; what the run created is removed unless it holds results (:mod:`mtad.rundir`).
+line and exit status 2; what the run created is removed unless it holds results (:mod:`mtad.harness.rundir`).
 In a multirun a bad job does not stop the sweep: its error goes to the log, to stderr and to
 ``error.json`` in its job directory, the remaining jobs run, and the whole multirun exits with status 2
 at the end, listing the failed jobs. (Only the local launcher's jobs share this process; with a remote
@@ -18,7 +18,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from mtad.config import register_configs
+from mtad.harness.config import register_configs
+from mtad.harness.progress import summary_table
+from mtad.harness.rundir import remove_failed_run
+from mtad.harness.runner import ResultsNotAppended, run
 
 register_configs()
 log = logging.getLogger("mtad")
@@ -29,9 +32,6 @@ _FAILED_JOBS: list[str] = []  # one line per failed multirun job of this process
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from tqdm.contrib.logging import logging_redirect_tqdm
-
-    from mtad.progress import summary_table
-    from mtad.runner import ResultsNotAppended, run
 
     try:
         with logging_redirect_tqdm():  # log lines above the progress bar, not through it
@@ -80,10 +80,8 @@ def _record_job_error(err: BaseException) -> None:
 
 
 def _drop_failed_run_dir() -> None:
-    """Remove what this failed run created, and only that (:func:`mtad.rundir.remove_failed_run`)."""
+    """Remove what this failed run created, and only that (:func:`mtad.harness.rundir.remove_failed_run`)."""
     from hydra.core.hydra_config import HydraConfig
-
-    from mtad.rundir import remove_failed_run
 
     hc = HydraConfig.get()
     removed = remove_failed_run(hc.runtime.output_dir, hc.output_subdir, f"{hc.job.name}.log")

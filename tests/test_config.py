@@ -9,12 +9,12 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from mtad.config import register_configs
+from mtad._util.paths import REPO_ROOT
 from mtad.decoding import DecoderConfig
-from mtad.loading import ModelConfig
-from mtad.paths import REPO_ROOT
+from mtad.harness.config import register_configs
+from mtad.harness.tracking import TrackingConfig
+from mtad.models.load import ModelConfig
 from mtad.tasks.base import TaskConfig
-from mtad.tracker import TrackingConfig
 
 CONF = REPO_ROOT / "conf"
 register_configs()

@@ -1,4 +1,4 @@
-"""The cost model (mtad.costmodel): lookups by hand, and predicted vs measured ms/token on tiny models."""
+"""The cost model (mtad.measure.costmodel): lookups by hand, and predicted vs measured ms/token on tiny models."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from mtad import costmodel
-from mtad.costmodel import Profile, declared_profile, predict
+from mtad.harness import profile
+from mtad.measure import costmodel
+from mtad.measure.costmodel import Profile, declared_profile, predict
 
 # Stated tolerances on the tiny pair on a CPU. The cost model explains speed *ratios*: predicted ms/token of a
 # decoder relative to sampling's within a factor 1.5 of the measured ratio (decodes interleaved prompt by
@@ -108,7 +109,7 @@ def test_predicted_matches_measured_on_tiny_models(tmp_path):
 
 def _predict_and_compare(out) -> list:
     """Profile + decodes once; the list of (what, predicted, measured) that missed (empty: all agree)."""
-    assert costmodel.main(["profile", "model=tiny", "num_threads=1", "--reps", "10", "--out", str(out)]) == 0
+    assert profile.main(["profile", "model=tiny", "num_threads=1", "--reps", "10", "--out", str(out)]) == 0
     (path,) = out.glob("*-1t-tiny.json")
     prof = Profile.load(path)
     assert prof.pair == "tiny" and prof.num_threads == 1 and prof.kind == "measured"
@@ -116,7 +117,7 @@ def _predict_and_compare(out) -> list:
         set(prof.costs_ms)
     assert set(prof.overhead_ms) >= {"sampling", "speculative", "mtad", "specinfer"}
 
-    from mtad.loading import load_pair
+    from mtad.models.load import load_pair
 
     pair = load_pair({"name": "tiny", "kind": "tiny"})
     g = torch.Generator().manual_seed(5)

@@ -23,7 +23,7 @@ from mtad.decoding.accept import residual
 from mtad.decoding.core import NEEDS_DRAFT
 from mtad.decoding.filter import filter_probs
 from mtad.decoding.kv import TREE_ARCHITECTURES
-from mtad.pair import ModelPair
+from mtad.models.pair import ModelPair
 
 torch.set_num_threads(1)
 
@@ -441,7 +441,7 @@ def test_tree_decoders_refuse_flash_attention(name):
 
 # ---- the overhead micro-benchmark CLI -----------------------------------------------------------------------
 def test_bench_core_cli_smoke(tmp_path, capsys):
-    from mtad import bench_core
+    from mtad.measure import overhead as bench_core
 
     out = tmp_path / "bench.json"
     rows = bench_core.main(["--vocab", "64", "--hidden", "32", "--layers", "1", "--draft-hidden", "16",

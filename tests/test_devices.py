@@ -21,7 +21,7 @@ from mtad.decoding import core
 from mtad.decoding.accept import speculative_accept
 from mtad.decoding.filter import draw
 from mtad.decoding.kv import Session, Stats
-from mtad.pair import ModelPair
+from mtad.models.pair import ModelPair
 
 torch.set_num_threads(1)
 
@@ -145,7 +145,7 @@ def test_keep_path_indexes_each_cache_layer_on_its_own_device():
 
 
 def test_sequence_logprobs_with_logits_on_the_last_device():
-    from mtad.metrics import sequence_logprobs
+    from mtad.measure.metrics import sequence_logprobs
 
     pair = models()
     plain = sequence_logprobs(pair.target, PROMPT, [1, 2, 3])

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtad.energy import EnergyMeter, EnergyReading, combine_readings, cuda_sync
+from mtad.measure.energy import EnergyMeter, EnergyReading, combine_readings, cuda_sync
 
 
 class NVMLError(Exception):

@@ -1,4 +1,4 @@
-"""Feature drafts (mtad.feature_draft): the draft reads the target's final hidden states through its Session.
+"""Feature drafts (mtad.models.feature_draft): the draft reads the target's final hidden states through its Session.
 
 Plumbing (each parent feature is the target's where the target computed the committed text, else the
 draft's own output; provisional draft entries are recomputed), exactness of every drafted decoder at T=0,
@@ -16,8 +16,8 @@ from test_decoding import DRAFTED, N_DRAWS, N_NEW, PROMPT, SETTINGS, broken_spec
 import mtad
 import mtad.decoding.speculative as speculative_mod
 from mtad.decoding.kv import Session, Stats
-from mtad.feature_draft import FeatureDraft, feature_config
-from mtad.pair import ModelPair
+from mtad.models.feature_draft import FeatureDraft, feature_config
+from mtad.models.pair import ModelPair
 
 torch.set_num_threads(1)
 
@@ -172,8 +172,8 @@ def test_generate_and_a_plain_call_are_refused():
 
 def test_a_feature_draft_can_be_timed_alone(monkeypatch):
     """The cost model and the benchmark time a draft without its target: a ZeroSource stands in for it."""
-    import mtad.costmodel as cm
-    from mtad.feature_draft import timing_session
+    import mtad.measure.costmodel as cm
+    from mtad.models.feature_draft import timing_session
 
     d = fpair("llama").draft
     s = timing_session(d, Stats(), "draft")

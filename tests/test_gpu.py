@@ -20,7 +20,7 @@ TIE = 0.05  # fp16 logits: top-2 gaps below this may flip between a 1-token and 
 
 @pytest.fixture(scope="module")
 def cuda_pair():
-    from mtad.tiny import tiny_pair
+    from mtad.models.tiny import tiny_pair
 
     pair = tiny_pair("llama", seed=0)
     pair.target = pair.target.to("cuda", torch.float16)
@@ -60,7 +60,7 @@ def test_decoders_at_t0_equal_greedy_on_cuda_fp16(cuda_pair, name):
 @pytest.fixture(scope="module")
 def split_pair():
     """A real two-device pair on one GPU: fp32 target on CUDA, fp32 draft on the CPU."""
-    from mtad.tiny import tiny_pair
+    from mtad.models.tiny import tiny_pair
 
     pair = tiny_pair("llama", seed=0)
     pair.target = pair.target.to("cuda")
@@ -93,7 +93,7 @@ def test_sampling_is_not_greedy_control(cuda_pair):
 
 
 def test_nvml_energy_reading_is_positive_around_cuda_work():
-    from mtad.energy import EnergyMeter, cuda_sync
+    from mtad.measure.energy import EnergyMeter, cuda_sync
 
     meter = EnergyMeter([torch.cuda.current_device()])
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
@@ -109,9 +109,9 @@ def test_nvml_energy_reading_is_positive_around_cuda_work():
 def test_runner_records_nvml_energy_on_cuda(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from mtad.config import register_configs
-    from mtad.paths import REPO_ROOT
-    from mtad.runner import run
+    from mtad._util.paths import REPO_ROOT
+    from mtad.harness.config import register_configs
+    from mtad.harness.runner import run
 
     register_configs()
     overrides = ["model=tiny", "model.device=cuda", "model.dtype=float16", "decoder=mtad", "task=mt_bench",

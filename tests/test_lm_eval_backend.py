@@ -6,7 +6,7 @@
   gives the greedy outputs, also with a draft equal to the target (every block accepted); negative control:
   the same decoder at T=1 (``gen_kwargs``) gives other outputs;
 - loglikelihood tasks are scored by the target, not the draft, and run no decoder;
-- the command line through ``python -m mtad.lm_eval_backend`` (plain ``lm_eval`` does not know ``mtad``).
+- the command line through ``python -m mtad.harness.lm_eval_backend`` (plain ``lm_eval`` does not know ``mtad``).
 """
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ import torch
 from lm_eval.api.registry import get_model
 from lm_eval.tasks import TaskManager
 
+from mtad._util.paths import REPO_ROOT
 from mtad.decoding import DecoderConfig, generate
-from mtad.lm_eval_backend import MTADLM, load_models
-from mtad.metrics import sequence_logprobs
-from mtad.paths import REPO_ROOT
+from mtad.harness.lm_eval_backend import MTADLM, load_models
+from mtad.measure.metrics import sequence_logprobs
 
 TASKS = Path(__file__).resolve().parent / "lm_eval_tasks"
 T1 = "do_sample=True,temperature=1.0,top_k=0,top_p=1.0"  # full-vocabulary sampling at T=1
@@ -148,7 +148,7 @@ def test_gen_kwargs_set_the_temperature():
 
 
 def test_decoder_presets_come_from_conf():
-    from mtad.lm_eval_backend import decoder_config
+    from mtad.harness.lm_eval_backend import decoder_config
 
     cfg = decoder_config("mtjd_exhaustive")  # defaults: [mtjd, _self_]
     assert (cfg.name, cfg.mode, cfg.gamma) == ("mtjd", "exhaustive", 3)
@@ -172,7 +172,7 @@ def test_bad_model_args_fail_clearly(args, error, match):
 def test_command_line(tmp_path):
     path = [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(path))
-    cmd = [sys.executable, "-m", "mtad.lm_eval_backend", "--model", "mtad", "--model_args",
+    cmd = [sys.executable, "-m", "mtad.harness.lm_eval_backend", "--model", "mtad", "--model_args",
            "pair=tiny,decoder=mtad", "--tasks", "tiny_gen", "--include_path", str(TASKS), "--device", "cpu",
            "--limit", "2", "--output_path", str(tmp_path)]
     proc = subprocess.run(cmd, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

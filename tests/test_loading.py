@@ -10,10 +10,10 @@ import pytest
 import torch
 import yaml
 
-from mtad import smollm2
-from mtad.loading import ModelConfig, check_compatible, load_pair, resolve_source
-from mtad.paths import REPO_ROOT
-from mtad.tiny import VOCAB_SIZE, tiny_model, tiny_tokenizer
+from mtad._util.paths import REPO_ROOT
+from mtad.models import smollm2
+from mtad.models.load import ModelConfig, check_compatible, load_pair, resolve_source
+from mtad.models.tiny import VOCAB_SIZE, tiny_model, tiny_tokenizer
 
 MODEL_CONFS = sorted((REPO_ROOT / "conf" / "model").glob("*.yaml"))
 
@@ -158,7 +158,7 @@ def test_structured_config_rejects_misspelt_key():
     from omegaconf import OmegaConf
     from omegaconf.errors import ConfigKeyError, ValidationError
 
-    from mtad.config import ModelSchema
+    from mtad.harness.config import ModelSchema
 
     schema = OmegaConf.structured(ModelSchema)
     good = OmegaConf.merge(schema, yaml.safe_load((REPO_ROOT / "conf/model/llama2-70b.yaml").read_text()))
@@ -255,7 +255,7 @@ def test_real_smollm2_generates(smollm2_pair):
 
 
 def test_cpu_bf16_detection_reads_the_cpu_flags(tmp_path):
-    from mtad.loading import cpu_has_bf16
+    from mtad.models.load import cpu_has_bf16
 
     info = tmp_path / "cpuinfo"
     info.write_text("processor : 0\nflags : fpu sse avx2 avx512f avx512_bf16\n")
@@ -267,10 +267,10 @@ def test_cpu_bf16_detection_reads_the_cpu_flags(tmp_path):
 
 @pytest.mark.parametrize("native", [False, True])
 def test_bf16_on_a_cpu_without_native_bf16_warns(monkeypatch, caplog, native):
-    import mtad.loading as loading
+    import mtad.models.load as loading
 
     monkeypatch.setattr(loading, "cpu_has_bf16", lambda: native)
-    with caplog.at_level("WARNING", logger="mtad.loading"):
+    with caplog.at_level("WARNING", logger="mtad.models.load"):
         pair = load_pair({"name": "tiny", "kind": "tiny", "dtype": "bfloat16", "device": "cpu"})
     assert pair.target.dtype == torch.bfloat16
     warned = any("AVX512-BF16" in r.getMessage() for r in caplog.records)

@@ -10,8 +10,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from mtad.decoding.result import DecodeResult  # noqa: E402
-from mtad.energy import EnergyReading  # noqa: E402
-from mtad.metrics import perplexity, run_metrics, sequence_logprobs  # noqa: E402
+from mtad.measure.energy import EnergyReading  # noqa: E402
+from mtad.measure.metrics import perplexity, run_metrics, sequence_logprobs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +155,7 @@ def test_run_metrics_per_prompt_energy_windows_and_gamma_checks():
 
 # ------------------------------------------------------------------------------------------- diversity
 def test_distinct_n_on_hand_written_texts():
-    from mtad.metrics import distinct_n, diversity, repeated_ngram_rate
+    from mtad.measure.metrics import distinct_n, diversity, repeated_ngram_rate
 
     texts = ["the cat sat on the mat", "the cat ran"]
     # unigrams: the cat sat on the mat the cat ran -> 9 in all, distinct {the, cat, sat, on, mat, ran} = 6

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mtad.paths import REPO_ROOT
+from mtad._util.paths import REPO_ROOT
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")

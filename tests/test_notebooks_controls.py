@@ -1,5 +1,5 @@
 """The reviewers' controls in analysis.ipynb (quality against diversity, the fixed-threshold control) run on
-``tests/fixtures/controls``: real rows of ``python -m mtad.reproduce --experiment quick_controls
+``tests/fixtures/controls``: real rows of ``python -m mtad.harness.sweep --experiment quick_controls
 results_dir=tests/fixtures/controls decoder.max_new_tokens=8 --no-cost-profile`` with
 their run directories (``runs/<hash>/samples.jsonl``), so the plots carry bootstrap error bars."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mtad.paths import REPO_ROOT
+from mtad._util.paths import REPO_ROOT
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")

@@ -1,4 +1,4 @@
-"""The progress bar and the summary table (mtad/progress.py), and the default config (issue 11, item 5)."""
+"""The progress bar and the summary table (mtad/harness/progress.py), and the default config (issue 11, item 5)."""
 from __future__ import annotations
 
 import io
@@ -7,10 +7,10 @@ import json
 import pytest
 from hydra import compose, initialize_config_dir
 
-from mtad.config import register_configs
+from mtad._util.paths import REPO_ROOT
 from mtad.decoding.result import DecodeResult
-from mtad.paths import REPO_ROOT
-from mtad.progress import PromptBar, running_stats, summary_table
+from mtad.harness.config import register_configs
+from mtad.harness.progress import PromptBar, running_stats, summary_table
 
 register_configs()
 
@@ -49,7 +49,7 @@ def test_bar_is_silent_off_a_terminal_or_when_disabled(enabled, stream):
 
 
 def test_summary_table_of_a_row(tmp_path):
-    from mtad.runner import run
+    from mtad.harness.runner import run
 
     data = tmp_path / "p.jsonl"
     data.write_text("".join(json.dumps({"id": f"p{i}", "prompt": "say hi", "answer": "hi"}) + "\n" for i in range(2)))
@@ -67,7 +67,7 @@ def test_summary_table_of_a_row(tmp_path):
 
 
 def test_progress_flag_does_not_change_the_config_hash(tmp_path):
-    from mtad.results import config_hash
+    from mtad.harness.store import config_hash
 
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
         on, off = (compose(config_name="config", overrides=[f"progress={v}"]) for v in ("true", "false"))
@@ -85,7 +85,7 @@ def test_default_config_is_the_main_job_on_the_embedded_pair():
 def test_default_gsm8k_prompts_fit_the_embedded_tokenizer():
     """The failure this default fixes: with the byte-level tiny tokenizer every 4-shot GSM8K prompt was
     longer than max_prompt_tokens; with the embedded pair's tokenizer none is skipped."""
-    from mtad import smollm2
+    from mtad.models import smollm2
     from mtad.tasks.base import TaskConfig, get_task
 
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 import mtad
-from mtad.draft_head import FILL, DraftHead
-from mtad.loading import ModelConfig, load_pair
-from mtad.quantize import agreement, quantize_target
-from mtad.results import config_hash
-from mtad.tiny import tiny_model
+from mtad.harness.store import config_hash
+from mtad.measure.agreement import agreement
+from mtad.models.draft_head import FILL, DraftHead
+from mtad.models.load import ModelConfig, load_pair
+from mtad.models.quantize import quantize_target
+from mtad.models.tiny import tiny_model
 
 
 def _seqs(n: int = 4, length: int = 48) -> list[list[int]]:
@@ -78,7 +79,7 @@ def test_reduced_draft_head_keeps_every_decoder_exact_at_t0(tiny_llama):
 
 
 def test_reduced_head_needs_its_file(tmp_path):
-    from mtad.draft_head import install_head
+    from mtad.models.draft_head import install_head
 
     draft = tiny_model("llama", hidden=32, layers=1, heads=2)
     with pytest.raises(FileNotFoundError, match="head.safetensors"):

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import mtad
-from mtad.loading import ModelConfig, load_pair
-from mtad.paths import REPO_ROOT
+from mtad._util.paths import REPO_ROOT
+from mtad.models.load import ModelConfig, load_pair
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +101,8 @@ def test_draft_predicts_the_target_and_a_scrambled_draft_does_not(pair, sequence
 def test_cheap_draft_heads_keep_alpha_and_exactness(pair, sequences):
     """``model.draft_head=reduced_int8`` (kept vocabulary, int8 weights): α close to the full head's, and
     every decoder still equals greedy at T = 0."""
-    from mtad.draft_head import install_head
-    from mtad.loading import load_tied_draft, resolve_local
+    from mtad.models.draft_head import install_head
+    from mtad.models.load import load_tied_draft, resolve_local
 
     path = resolve_local("models/smollm2-draft")
     cheap = load_tied_draft(path, pair.target)
@@ -136,7 +136,7 @@ FEATURE_DRAFT = "models/smollm2-feature-draft"
 
 @pytest.fixture(scope="module")
 def feature_draft(pair):
-    from mtad.loading import load_tied_draft, resolve_local
+    from mtad.models.load import load_tied_draft, resolve_local
 
     return load_tied_draft(resolve_local(FEATURE_DRAFT), pair.target)
 

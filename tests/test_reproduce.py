@@ -3,13 +3,13 @@
 The fixture ``tests/fixtures/results_small.jsonl`` is real output of the tiny pair (33 runs), made from the
 repository root with::
 
-    python -m mtad.reproduce --profile quick results_dir=results/fixture_gen name=fixture
+    python -m mtad.harness.sweep --profile quick results_dir=results/fixture_gen name=fixture
     T="model=tiny task=gsm8k task.n_prompts=2 task.few_shot=0 task.max_prompt_tokens=384 \\
        task.on_long_prompt=truncate decoder.max_new_tokens=16 num_threads=1 \\
        results_dir=results/fixture_gen name=fixture"
-    python -m mtad.reproduce --experiment tau $T 'decoder.tau=0.2,0.8'
-    python -m mtad.reproduce --experiment gamma $T 'decoder.gamma=2,6'
-    python -m mtad.reproduce --experiment beam_width $T 'decoder.beam_width=1,2'
+    python -m mtad.harness.sweep --experiment tau $T 'decoder.tau=0.2,0.8'
+    python -m mtad.harness.sweep --experiment gamma $T 'decoder.gamma=2,6'
+    python -m mtad.harness.sweep --experiment beam_width $T 'decoder.beam_width=1,2'
 """
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from mtad import reproduce, table
-from mtad.paths import REPO_ROOT
-from mtad.results import load_frame, load_results
+from mtad._util.paths import REPO_ROOT
+from mtad.harness import sweep as reproduce
+from mtad.harness.store import load_frame, load_results
+from mtad.report import table
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results_small.jsonl"
 PRESETS = sorted(p.stem for p in (REPO_ROOT / "conf" / "experiment").glob("*.yaml"))
@@ -38,7 +39,7 @@ def _rows() -> list[dict]:
 def _frame(rows: list[dict]):
     import pandas as pd
 
-    from mtad.results import flatten_dict
+    from mtad.harness.store import flatten_dict
 
     return pd.DataFrame([flatten_dict(r) for r in rows])
 
@@ -57,7 +58,7 @@ def _quick_rows(rows: list[dict]) -> list[dict]:
 def test_every_preset_composes_sets_its_name_and_documents_its_command():
     from hydra import compose, initialize_config_dir
 
-    from mtad.config import register_configs
+    from mtad.harness.config import register_configs
 
     register_configs()
     assert {"paper_table", "cpu_table", "quick", "tau", "gamma", "beam_width"} <= set(PRESETS)

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mtad import results
-from mtad.results import (
+from mtad.harness.store import (
     SCHEMA_VERSION,
     ResultRow,
     append_row,
@@ -114,7 +113,7 @@ def test_crash_mid_write_keeps_old_file(tmp_path, monkeypatch, where):
     def crash(*a, **k):
         raise KeyboardInterrupt  # Ctrl-C after the temp file holds (part of) the new content
 
-    monkeypatch.setattr(results.os, where, crash)
+    monkeypatch.setattr(os, where, crash)
     with pytest.raises(KeyboardInterrupt):
         append_row(path, make_row(2))
     monkeypatch.undo()
@@ -141,7 +140,7 @@ def test_append_refuses_other_schema_version(tmp_path):
 def test_trailing_bad_line_is_reported_and_skipped(tmp_path, caplog):
     path, before = _old_file(tmp_path)
     path.write_bytes(before + b'{"run_id": "half')  # a writer killed outside append_row
-    with caplog.at_level(logging.WARNING, logger="mtad.results"):
+    with caplog.at_level(logging.WARNING, logger="mtad.harness.store"):
         assert len(load_results(path)) == 2
     assert "bad trailing line" in caplog.text
     append_row(path, make_row(2))  # drops the half line instead of burying it mid-file
@@ -191,7 +190,7 @@ def test_write_jsonl_atomic(tmp_path, monkeypatch):
     assert [json.loads(s) for s in path.read_text().splitlines()] == [{"i": 0, "path": "a"},
                                                                      {"i": 1, "ids": [1, 2]}]
     before = path.read_bytes()
-    monkeypatch.setattr(results.os, "replace", lambda *a: (_ for _ in ()).throw(OSError("disk")))
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError("disk")))
     with pytest.raises(OSError):
         write_jsonl_atomic(path, [{"i": 9}])
     assert path.read_bytes() == before

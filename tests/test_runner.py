@@ -1,5 +1,5 @@
 """The experiment harness end to end on ``model=tiny`` (issue: harness). Runs in-process through Hydra's
-``compose`` + :func:`mtad.runner.run`, and through the CLI (``python -m mtad``) where exit codes matter."""
+``compose`` + :func:`mtad.harness.runner.run`, and through the CLI (``python -m mtad``) where exit codes matter."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from mtad.config import register_configs
-from mtad.paths import REPO_ROOT
-from mtad.results import ResultRow, load_results
+from mtad._util.paths import REPO_ROOT
+from mtad.harness.config import register_configs
+from mtad.harness.store import ResultRow, load_results
 
 register_configs()
 PROMPTS = [{"id": f"p{i}", "prompt": f"Question {i}: say hi", "answer": "hi"} for i in range(3)]
@@ -42,7 +42,7 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_end_to_end_writes_samples_and_one_complete_row(tmp_path, data_file):
-    from mtad.runner import run
+    from mtad.harness.runner import run
 
     row = run(_cfg(tmp_path, data_file, "decoder=mtad"), run_dir=tmp_path / "run")
     rows = load_results(tmp_path / "res" / "t.jsonl")
@@ -63,7 +63,7 @@ def test_end_to_end_writes_samples_and_one_complete_row(tmp_path, data_file):
 
 
 def test_rerun_skips_and_force_reruns(tmp_path, data_file):
-    from mtad.runner import run
+    from mtad.harness.runner import run
 
     assert run(_cfg(tmp_path, data_file), run_dir=tmp_path / "a") is not None
     assert run(_cfg(tmp_path, data_file), run_dir=tmp_path / "b") is None  # same config hash: skipped
@@ -72,7 +72,7 @@ def test_rerun_skips_and_force_reruns(tmp_path, data_file):
 
 
 def test_interrupted_run_leaves_result_file_valid(tmp_path, data_file, monkeypatch):
-    from mtad import runner
+    from mtad.harness import runner
 
     run = runner.run
     run(_cfg(tmp_path, data_file, "decoder=greedy"), run_dir=tmp_path / "ok")
@@ -127,7 +127,7 @@ def test_bad_input_fails_with_a_named_error_and_no_row(tmp_path, data_file, over
 
 
 def test_long_prompt_is_skipped_with_recorded_reason(tmp_path, data_file):
-    from mtad.runner import run
+    from mtad.harness.runner import run
 
     rows = [{"id": "long", "prompt": "x" * 400, "answer": "hi"}] + PROMPTS[:1]
     data_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -137,7 +137,7 @@ def test_long_prompt_is_skipped_with_recorded_reason(tmp_path, data_file):
 
 
 def test_wandb_offline_writes_run_files(tmp_path, data_file, monkeypatch):
-    from mtad.runner import run
+    from mtad.harness.runner import run
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -148,8 +148,8 @@ def test_wandb_offline_writes_run_files(tmp_path, data_file, monkeypatch):
 
 
 def test_weights_fingerprint_changes_when_a_local_draft_is_retrained(tmp_path):
-    from mtad.loading import ModelConfig
-    from mtad.runner import weights_fingerprint
+    from mtad.harness.runner import weights_fingerprint
+    from mtad.models.load import ModelConfig
 
     (tmp_path / "model.safetensors").write_bytes(b"x" * 10)
     cfg = ModelConfig(name="p", kind="hf", target="org/some-model", draft=str(tmp_path))

@@ -20,9 +20,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from mtad.config import register_configs
-from mtad.paths import REPO_ROOT
-from mtad.results import ResultRow, append_row, load_results
+from mtad._util.paths import REPO_ROOT
+from mtad.harness.config import register_configs
+from mtad.harness.store import ResultRow, append_row, load_results
 
 register_configs()
 PROMPTS = [{"id": f"p{i}", "prompt": f"Question {i}: say hi", "answer": "hi"} for i in range(2)]
@@ -73,7 +73,7 @@ def _strict_rows(path: Path) -> list[dict]:
 # ---- 14.1: a failed run deletes only what it created ------------------------------------------------------
 @pytest.mark.parametrize("where", ["existing_folder", "cwd", "results_dir"])
 def test_failed_run_keeps_a_folder_it_did_not_create(tmp_path, data_file, where):
-    from mtad.runner import run
+    from mtad.harness.runner import run
 
     (tmp_path / "res").mkdir()
     if where == "results_dir":  # a results dir with a row, a lock and a run directory
@@ -113,7 +113,7 @@ def _read_only_mount() -> tuple:
 
 def _guard_exit(tmp_path: Path, data_file: Path, capsys, *overrides: str) -> list[str]:
     """Run the Hydra callback's checks (what ``python -m mtad`` runs before Hydra creates anything)."""
-    from mtad.rundir import RunDirGuard
+    from mtad.harness.rundir import RunDirGuard
 
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="config", return_hydra_config=True,
@@ -163,8 +163,8 @@ def test_read_only_results_dir_fails_before_any_work_through_the_cli(tmp_path, d
 
 
 def test_run_dir_under_a_file_fails_before_any_work(tmp_path, data_file):
-    from mtad.rundir import NotWritable
-    from mtad.runner import run
+    from mtad.harness.rundir import NotWritable
+    from mtad.harness.runner import run
 
     (tmp_path / "plain").write_text("x")
     with pytest.raises(NotWritable, match="plain is a file"):
@@ -173,20 +173,20 @@ def test_run_dir_under_a_file_fails_before_any_work(tmp_path, data_file):
 
 
 def _fail_append(monkeypatch, names: set[str]) -> None:
-    import mtad.results as results
+    import mtad.harness.store as results
 
-    real = results._atomic_write_bytes
+    real = results.atomic_write
 
     def disk_full(path, data):
         if Path(path).name in names:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real(path, data)
 
-    monkeypatch.setattr(results, "_atomic_write_bytes", disk_full)
+    monkeypatch.setattr(results, "atomic_write", disk_full)
 
 
 def test_failed_append_saves_the_row_beside_the_samples(tmp_path, data_file, monkeypatch):
-    from mtad.runner import ResultsNotAppended, run
+    from mtad.harness.runner import ResultsNotAppended, run
 
     run(_cfg(tmp_path, data_file, "decoder=greedy"), run_dir=tmp_path / "first")
     results_file = tmp_path / "res" / "t.jsonl"
@@ -201,14 +201,14 @@ def test_failed_append_saves_the_row_beside_the_samples(tmp_path, data_file, mon
     assert (tmp_path / "second" / "samples.jsonl").is_file()
     assert results_file.read_bytes() == before and len(_strict_rows(results_file)) == 1
     monkeypatch.undo()  # the disk is fixed: the saved row goes in with the documented command
-    from mtad.results import main as results_main
+    from mtad.harness.store import main as results_main
 
     results_main(["append", str(saved), str(results_file)])
     assert [r["decoder"]["name"] for r in load_results(results_file)] == ["greedy", "mtad"]
 
 
 def test_failed_append_and_failed_rescue_print_the_row_to_stderr(tmp_path, data_file, monkeypatch, capsys):
-    from mtad.runner import ResultsNotAppended, run
+    from mtad.harness.runner import ResultsNotAppended, run
 
     _fail_append(monkeypatch, {"t.jsonl", "row.json"})
     with pytest.raises(ResultsNotAppended, match="stderr"):
@@ -221,7 +221,7 @@ def test_failed_append_and_failed_rescue_print_the_row_to_stderr(tmp_path, data_
 # ---- 14.6: concurrent identical sweeps, unique run directories -------------------------------------------
 def test_done_check_is_repeated_under_the_lock(tmp_path, data_file, monkeypatch):
     """Both runs pass the early check (as two identical sweeps started together do); one row results."""
-    from mtad import runner
+    from mtad.harness import runner
 
     monkeypatch.setattr(runner, "existing_hashes", lambda path: set())
     first = runner.run(_cfg(tmp_path, data_file, "decoder=greedy"), run_dir=tmp_path / "a")
@@ -287,7 +287,7 @@ def test_two_identical_concurrent_cli_runs_write_one_row_in_two_dirs(tmp_path, d
 
 # ---- 14.7: data file content in the config hash ------------------------------------------------------------
 def test_editing_the_data_file_makes_a_new_config(tmp_path, data_file):
-    from mtad.runner import run
+    from mtad.harness.runner import run
 
     first = run(_cfg(tmp_path, data_file, "decoder=greedy"), run_dir=tmp_path / "a")
     _write(data_file, [{**PROMPTS[0], "answer": "hello"}, PROMPTS[1]])  # one answer edited
@@ -323,7 +323,7 @@ def test_data_fingerprint_covers_the_few_shot_file(tmp_path):
 
 # ---- 14.8 / 13.3: skipped rows counted, the right advice, duplicate ids ------------------------------------
 def test_bad_rows_are_counted_in_the_row(tmp_path, data_file, caplog):
-    from mtad.runner import run
+    from mtad.harness.runner import run
 
     _write(data_file, [PROMPTS[0], "{not json", {"id": "e", "prompt": "  "}, {**PROMPTS[0], "prompt": "again"},
                        PROMPTS[1]])
@@ -348,7 +348,7 @@ def test_duplicate_ids_are_dropped_for_every_task(tmp_path):
 
 
 def test_all_rows_bad_says_fix_the_data_file(tmp_path, data_file):
-    from mtad.runner import run
+    from mtad.harness.runner import run
 
     _write(data_file, ["{not json", {"id": "a"}, {"id": "b", "prompt": ""}])
     with pytest.raises(ValueError) as err:
@@ -360,7 +360,7 @@ def test_all_rows_bad_says_fix_the_data_file(tmp_path, data_file):
 
 
 def test_all_prompts_too_long_is_one_line_with_count_and_range(tmp_path, data_file):
-    from mtad.runner import run
+    from mtad.harness.runner import run
 
     _write(data_file, [{"id": f"l{n}", "prompt": "x" * n} for n in (80, 95, 120, 150)])
     with pytest.raises(ValueError) as err:
@@ -374,7 +374,7 @@ def test_all_prompts_too_long_is_one_line_with_count_and_range(tmp_path, data_fi
 
 
 def test_long_prompt_skips_are_one_reason_whatever_their_length(tmp_path, data_file):
-    from mtad.runner import run
+    from mtad.harness.runner import run
 
     _write(data_file, [{"id": "a", "prompt": "x" * 80}, {"id": "b", "prompt": "x" * 95}, PROMPTS[0]])
     row = run(_cfg(tmp_path, data_file, "decoder=greedy", "task.max_prompt_tokens=40"), run_dir=tmp_path / "r")
@@ -399,7 +399,7 @@ def test_multirun_records_a_bad_job_and_runs_the_rest(tmp_path, data_file):
 
 # ---- 14.10: NaN / inf logits -------------------------------------------------------------------------------
 def _poisoned(role: str, value: float = float("nan")):
-    from mtad.tiny import tiny_pair
+    from mtad.models.tiny import tiny_pair
 
     pair = tiny_pair("llama", seed=0)
     with torch.no_grad():
@@ -433,7 +433,7 @@ def test_nan_draft_logits_are_a_clear_error(name):
 
 
 def test_nan_model_through_the_cli_exits_2_with_no_row(tmp_path, data_file):
-    from mtad.tiny import tiny_tokenizer
+    from mtad.models.tiny import tiny_tokenizer
 
     pair = _poisoned("target")
     target = tmp_path / "nan-target"
@@ -460,7 +460,7 @@ def test_non_finite_floats_never_reach_a_row(tmp_path):
 def test_unreachable_wandb_server_is_bounded_and_the_row_written(tmp_path, data_file, monkeypatch, caplog):
     import logging
 
-    from mtad.runner import run
+    from mtad.harness.runner import run
 
     home = tmp_path / "home"
     home.mkdir()
@@ -471,7 +471,7 @@ def test_unreachable_wandb_server_is_bounded_and_the_row_written(tmp_path, data_
     monkeypatch.delenv("WANDB_MODE", raising=False)
     timeout = 3
     t0 = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="mtad.tracker"):
+    with caplog.at_level(logging.WARNING, logger="mtad.harness.tracking"):
         row = run(_cfg(tmp_path, data_file, "decoder=greedy", "tracking=wandb", "tracking.mode=online",
                        f"tracking.init_timeout_s={timeout}"), run_dir=tmp_path / "run")
     elapsed = time.monotonic() - t0

@@ -23,7 +23,7 @@ import mtad
 from mtad.decoding import kv
 from mtad.decoding.core import NEEDS_DRAFT
 from mtad.decoding.kv import Session, Stats
-from mtad.pair import ModelPair
+from mtad.models.pair import ModelPair
 
 torch.set_num_threads(1)
 log = logging.getLogger(__name__)

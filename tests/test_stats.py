@@ -1,4 +1,4 @@
-"""The paired bootstrap (mtad.stats) and the intervals the tables print from per-prompt records."""
+"""The paired bootstrap (mtad.report.stats) and the intervals the tables print from per-prompt records."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtad import stats, table
-from mtad.results import flatten_dict, load_results
+from mtad.harness.store import flatten_dict, load_results
+from mtad.report import stats, table
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results_small.jsonl"
 

@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from mtad.paths import REPO_ROOT, default_data_dir
+from mtad._util.paths import REPO_ROOT, default_data_dir
 from mtad.tasks import TASKS, Sample, TaskConfig, get_task
 from mtad.tasks.gsm8k import extract_answer, gold_answer
 from mtad.tasks.summarize import rouge
@@ -23,9 +23,9 @@ needs_data = pytest.mark.skipif(not (DATA / "gsm8k").is_dir(), reason=f"shared d
 @pytest.fixture(scope="module")
 def tok():
     try:
-        from mtad.tiny import tiny_tokenizer
-    except ImportError:  # pragma: no cover - mtad.tiny is written elsewhere
-        pytest.skip("mtad.tiny.tiny_tokenizer is not available")
+        from mtad.models.tiny import tiny_tokenizer
+    except ImportError:  # pragma: no cover - mtad.models.tiny is written elsewhere
+        pytest.skip("mtad.models.tiny.tiny_tokenizer is not available")
     return tiny_tokenizer()
 
 

@@ -9,7 +9,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from mtad.tasks import Sample, TaskConfig, get_task
-from mtad.tasks.sandbox import Limits, run_python
+from mtad.tasks.sandbox.client import Limits, run_python
 
 TIMEOUT = 2.0
 PROMPT = 'def add(a: int, b: int) -> int:\n    """Return a + b.\n    >>> add(1, 2)\n    3\n    """\n'
@@ -82,7 +82,7 @@ def test_chat_code_block_with_whole_function(he):
 
 
 def test_chat_render_shows_the_prompt(he):
-    from mtad.tiny import tiny_tokenizer
+    from mtad.models.tiny import tiny_tokenizer
 
     tok = tiny_tokenizer()
     assert he.render(SAMPLE, tok, chat=False) == PROMPT
@@ -182,7 +182,7 @@ def test_forgery_control_without_the_split_would_pass():
 
 
 def test_wire_format_is_type_strict():
-    from mtad.tasks import sandbox_serve as wire
+    from mtad.tasks.sandbox import serve as wire
 
     value = {"a": [1, 2.5, float("nan"), None, True], (1, "x"): {frozenset({3}), b"\x00"}, "c": 2 ** 100 + 1j * 0}
     back = wire.decode(wire.encode(value))
@@ -336,7 +336,7 @@ def test_an_ordinary_user_gets_the_same_jail(tmp_path):
     import json
     import subprocess
 
-    from mtad.tasks.sandbox import WORKER
+    from mtad.tasks.sandbox.client import WORKER
 
     results = tmp_path / "results"
     results.mkdir()
@@ -361,9 +361,9 @@ def test_the_row_records_which_sandbox_ran(tmp_path):
     says "unsandboxed"; a bad value is refused when the config is built."""
     from hydra import compose, initialize_config_dir
 
-    from mtad.config import register_configs
-    from mtad.paths import REPO_ROOT
-    from mtad.runner import run
+    from mtad._util.paths import REPO_ROOT
+    from mtad.harness.config import register_configs
+    from mtad.harness.runner import run
 
     register_configs()
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from mtad.results import ResultRow, append_row
-from mtad.tracker import NoneTracker, TrackingConfig, WandbTracker, make_tracker, resolve_mode
+from mtad.harness.store import ResultRow, append_row
+from mtad.harness.tracking import NoneTracker, TrackingConfig, WandbTracker, make_tracker, resolve_mode
 
 
 def make_row(i: int) -> dict:
@@ -100,7 +100,7 @@ def test_failing_wandb_init_is_swallowed(wandb_env, tmp_path, monkeypatch, caplo
 
     monkeypatch.setattr(wandb, "init", boom)
     t = make_tracker({"backend": "wandb", "mode": "online"}, tmp_path)
-    with caplog.at_level(logging.WARNING, logger="mtad.tracker"):
+    with caplog.at_level(logging.WARNING, logger="mtad.harness.tracking"):
         t.start({}, "x")
         t.log_samples([{"a": 1}])
         t.finish(make_row(0), None)
@@ -140,7 +140,7 @@ def test_finish_puts_flat_row_in_summary_and_logs_artifact(tmp_path):
 def test_failure_mid_run_is_swallowed_and_run_closed(tmp_path, caplog):
     t = WandbTracker(TrackingConfig(backend="wandb", mode="offline"), tmp_path)
     t.run = run = FakeRun(fail_on="log")
-    with caplog.at_level(logging.WARNING, logger="mtad.tracker"):
+    with caplog.at_level(logging.WARNING, logger="mtad.harness.tracking"):
         t.log_samples([{"a": 1}])
     assert t.broken and run.exit_codes == [1] and "upload failed" in caplog.text
     t.finish(make_row(0), None)  # a no-op now, and still no exception

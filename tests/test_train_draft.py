@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mtad import train_draft as td
-from mtad.loading import load_tied_draft
-from mtad.paths import REPO_ROOT
+from mtad._util.paths import REPO_ROOT
+from mtad.models.load import load_tied_draft
+from mtad.train import trainer as td
 
 
 @pytest.fixture()
@@ -116,7 +116,7 @@ def test_export_reties_embedding_and_matches_student(tmp_path, data_dir):
 
 
 def test_load_tied_draft_refuses_another_target(tmp_path, data_dir):
-    from mtad.tiny import tiny_model
+    from mtad.models.tiny import tiny_model
 
     trainer = td.Trainer(_cfg(tmp_path, data_dir, max_steps=1, out_dir=str(tmp_path / "draft")))
     trainer.run()
@@ -143,7 +143,7 @@ def test_warp_keeps_top_k_then_nucleus():
 
 
 def test_training_text_excludes_eval_prompts(tmp_path, data_dir):
-    from mtad.tiny import tiny_tokenizer
+    from mtad.models.tiny import tiny_tokenizer
 
     corpus = td.Corpus(tiny_tokenizer(), data_dir)
     gsm = corpus.docs("gsm8k")
@@ -252,7 +252,7 @@ def test_filtered_loss_alpha_is_sum_min_of_filtered_distributions():
 
 
 def test_export_with_reduced_head_loads_in_every_mode(tmp_path, data_dir):
-    from mtad.draft_head import FILL, install_head
+    from mtad.models.draft_head import FILL, install_head
 
     cfg = _cached(tmp_path, data_dir, max_steps=4, head_vocab=120, head_bias=True, out_dir=str(tmp_path / "draft"))
     trainer = td.Trainer(cfg)
@@ -350,8 +350,8 @@ def test_exported_feature_draft_loads_and_decodes_exactly(tmp_path, data_dir):
     import tinymodels as tm
 
     import mtad
-    from mtad.feature_draft import FeatureDraft
-    from mtad.pair import ModelPair
+    from mtad.models.feature_draft import FeatureDraft
+    from mtad.models.pair import ModelPair
 
     out = tmp_path / "fdraft"
     trainer = td.Trainer(_feature(tmp_path, data_dir, max_steps=4, out_dir=str(out)))
@@ -378,7 +378,7 @@ def test_feature_config_validation():
 def test_continuing_an_exported_feature_draft_starts_as_that_draft_head_included(tmp_path, data_dir):
     """init_from an exported draft with a reduced head carries its kept ids and trained bias (a run continued
     on another machine, where only the export survives, starts where the export stopped)."""
-    from mtad.draft_head import install_head, read_head_file
+    from mtad.models.draft_head import install_head, read_head_file
 
     out = tmp_path / "fdraft"
     first = td.Trainer(_feature(tmp_path, data_dir, max_steps=6, lr=3e-2, out_dir=str(out)))

@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported:
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
-from mtad.pair import ModelPair
+from mtad.models.pair import ModelPair
 
 SLIDING = ("mistral", "gemma3", "qwen2", "qwen3")  # architectures with a sliding window (``window``)
 

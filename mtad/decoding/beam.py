@@ -13,6 +13,7 @@ from typing import Callable, Optional
 import torch
 
 from mtad.decoding.filter import draw
+from mtad.decoding.kv import Session
 
 # step(parent, tokens) feeds the newest beam tokens (W,) and returns the proposer's filtered
 # distributions for their next token (W, V); parent (W,) indexes the previous step's beams, None at depth 1.
@@ -92,3 +93,15 @@ def tree_step(session, filt: Callable[[torch.Tensor], torch.Tensor], root: int) 
         return filt(session.forward_tree(tokens.tolist(), parents))  # (W, V)
 
     return step, cache_idx
+
+
+def beam_block(proposer: Session, run, K: int, rng) -> tuple[list[int], torch.Tensor]:
+    """Beam-sample K tokens with W beams in the batch dimension; return the highest-weight beam and the
+    proposer's q̃ of each of its tokens (K,). The proposer's cache ends holding that beam's first K-1."""
+    q1 = run.filt(proposer.forward(run.pending(proposer))[-1])  # (V,)
+    tree = beam_sample(q1, batched_step(proposer, run.filt), K, run.cfg.beam_width, run.cfg.replacement, rng)
+    idx = tree.best()
+    x = [int(v) for v in tree.gather(idx, tree.tokens)]
+    if K > 1:
+        proposer.collapse(idx[-2], x[:-1])  # the row that holds the best beam's ancestors
+    return x, torch.tensor(tree.gather(idx, tree.q_tok), device=run.device)

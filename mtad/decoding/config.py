@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional
 
-from mtad.cfgutil import field_values
+from mtad._util.cfg import field_values
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,12 @@ Decoder = Callable[..., None]
 DECODERS: dict[str, Decoder] = {}
 NEEDS_DRAFT: set[str] = set()
 NEEDS_TREE: dict[str, tuple[str, ...]] = {}  # decoder -> roles whose model must take a 4D tree mask
+CHECKS: dict[str, Callable[..., None]] = {}  # decoder -> check(models, cfg) run before any work
 
 
-def register(name: str, draft: bool = False, tree: tuple[str, ...] = ()):
-    """Register a decoder under ``name`` (the stable ``decoder.name`` key of results)."""
+def register(name: str, draft: bool = False, tree: tuple[str, ...] = (), check: Callable[..., None] | None = None):
+    """Register a decoder under ``name`` (the stable ``decoder.name`` key of results); ``check(models, cfg)``
+    refuses a call the decoder cannot serve before any work, so the core never names a decoder."""
 
     def wrap(fn: Decoder) -> Decoder:
         DECODERS[name] = fn
@@ -41,6 +43,8 @@ def register(name: str, draft: bool = False, tree: tuple[str, ...] = ()):
             NEEDS_DRAFT.add(name)
         if tree:
             NEEDS_TREE[name] = tree
+        if check is not None:
+            CHECKS[name] = check
         return fn
 
     return wrap
@@ -77,7 +81,7 @@ class Run:
         """The speculative-family loop: creates the target and draft sessions of this call, then yields
         ``(target, draft, K)`` once per iteration, where K is the draft depth (``depth`` or gamma) shortened
         so the block and its bonus token fit. When no block fits, the tail is plain target steps.
-        A feature draft (``reads_target_features``, :mod:`mtad.feature_draft`) is linked to the target."""
+        A feature draft (``reads_target_features``, :mod:`mtad.models.feature_draft`) is linked to the target."""
         target, draft = self.session(models.target, "target"), self.session(models.draft, "draft")
         if getattr(models.draft, "reads_target_features", False):
             draft.link(target)
@@ -126,7 +130,7 @@ def _eos_ids(models, cfg: DecoderConfig) -> set[int]:
 
 def vocab_size(model) -> int:
     head = model.get_output_embeddings()
-    # mtad.draft_head.DraftHead and torch's (int8) Linear know their output width; other heads by weight rows
+    # mtad.models.draft_head.DraftHead and torch's (int8) Linear know their output width; other heads by weight rows
     n = getattr(head, "vocab_size", None) or getattr(head, "out_features", None)
     return int(n) if n else head.weight.shape[0]
 
@@ -158,11 +162,8 @@ def check(models, prompt: list[int], cfg: DecoderConfig) -> None:
         raise PromptTooLong(f"prompt of {len(prompt)} tokens + max_new_tokens={cfg.max_new_tokens} "
                             f"exceeds the target's context of {limit} tokens; "
                             "shorten the prompt or lower max_new_tokens")
-    if cfg.name == "mtjd" and cfg.mode == "exhaustive":
-        from mtad.decoding.mtjd import check_budget
-
-        check_budget(cfg, vocab_size(models.target))
-        check_tree_support(models.target, "target")
+    if cfg.name in CHECKS:
+        CHECKS[cfg.name](models, cfg)
 
 
 def _sync_cuda(models) -> None:
@@ -176,7 +177,7 @@ def _sync_cuda(models) -> None:
 def generate(models, prompt_ids, cfg=None, rng: torch.Generator | None = None, **overrides) -> DecodeResult:
     """Decode one prompt with the decoder named by ``cfg.name``; see ALGORITHMS.md.
 
-    models: a :class:`mtad.pair.ModelPair` (``target``, optional ``draft``); prompt_ids: a list of ids or a
+    models: a :class:`mtad.models.pair.ModelPair` (``target``, optional ``draft``); prompt_ids: a list of ids or a
     (1, T) / (T,) tensor; cfg: a :class:`DecoderConfig`, dict or OmegaConf node (``overrides`` win);
     rng: the explicit generator for all randomness (default: seed 0 on the target's first device); its
     device is the call's decode device (module docstring): keep it on the models' GPU, since a CPU

@@ -24,7 +24,7 @@ indices, offset 0 for a full-length layer), tree forwards one mask per layer typ
 Cost: a sliding layer's cache grows with the context like a full layer's (memory and attention over ``L``
 keys, masked to ``W``).
 
-Feature drafts (:mod:`mtad.feature_draft`): :meth:`Session.link` makes a draft session read the target
+Feature drafts (:mod:`mtad.models.feature_draft`): :meth:`Session.link` makes a draft session read the target
 session's final hidden states. Both then keep one hidden state per cache index (``feats``), carried through
 every crop, beam reorder and path compaction like the keys and values; each new draft token gets its
 parent's feature, the target's where the target computed the same text, else the draft's own.
@@ -55,7 +55,7 @@ class Stats:
     proposed: list[int] = field(default_factory=list)
     position_accepts: list[int] = field(default_factory=list)
     position_proposals: list[int] = field(default_factory=list)
-    # forward shapes for the cost model (mtad.costmodel): "<role>:<seq|tree>:<rows>x<new tokens>" -> count
+    # forward shapes for the cost model (mtad.measure.costmodel): "<role>:<seq|tree>:<rows>x<new tokens>" -> count
     calls: dict[str, int] = field(default_factory=dict)
 
     def count_call(self, role: str, kind: str, rows: int, new: int) -> None:
@@ -146,7 +146,7 @@ class Session:
         self._anc = torch.zeros(0, 0, dtype=torch.bool)  # (N, N) ancestor-or-self among tree nodes
         self.batch = 1
         self._stable = 0  # ids[:_stable] are known to be committed
-        # feature drafts (mtad.feature_draft): final hidden state per cache index, and the linked source
+        # feature drafts (mtad.models.feature_draft): final hidden state per cache index, and the linked source
         self.feats: torch.Tensor | None = None  # (B, len(self), D) when keep_feats
         self.keep_feats = False
         self.source: "Session | None" = None  # the target session whose features this draft reads
@@ -156,9 +156,9 @@ class Session:
         return len(self.ids) + len(self.node_parent)
 
     def link(self, source: "Session") -> None:
-        """Make this (feature draft) session read ``source``'s final hidden states (mtad.feature_draft)."""
+        """Make this (feature draft) session read ``source``'s final hidden states (mtad.models.feature_draft)."""
         self.source, self.keep_feats, self._exact = source, True, 0
-        source.keep_feats = True  # a Session (or mtad.feature_draft.ZeroSource when timing the draft alone)
+        source.keep_feats = True  # a Session (or mtad.models.feature_draft.ZeroSource when timing the draft alone)
 
     # ---- forwards -------------------------------------------------------------------------------
     def _run(self, input_ids: torch.Tensor, keep: int, parents: list[int] | None = None,
@@ -224,7 +224,7 @@ class Session:
         return self._run(x, keep, parents, attention_mask=self._tree_mask(mask, positions[0]),
                          position_ids=positions.to(self.device))[0]  # (S', V)
 
-    # ---- feature drafts (mtad.feature_draft) ---------------------------------------------------------
+    # ---- feature drafts (mtad.models.feature_draft) ---------------------------------------------------------
     def _source_valid(self, text: list[int]) -> int:
         """How many leading tokens of ``text`` the source's linear part shares (its features hold there)."""
         a, b = text, self.source.ids

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from mtad.decoding.core import register
+from mtad.decoding.beam import beam_block
+from mtad.decoding.core import register, vocab_size
 from mtad.decoding.filter import _nucleus_sorted, draw
-from mtad.decoding.kv import Session
-from mtad.decoding.mtad import beam_block
+from mtad.decoding.kv import Session, check_tree_support
 
 
 def check_budget(cfg, V: int) -> None:
@@ -57,7 +57,14 @@ def exhaustive_block(target: Session, run, K: int, rng) -> list[int]:
     return x
 
 
-@register("mtjd")
+def check_exhaustive(models, cfg) -> None:
+    """``mode: exhaustive`` needs a node budget that fits and a target that takes a tree mask."""
+    if cfg.mode == "exhaustive":
+        check_budget(cfg, vocab_size(models.target))
+        check_tree_support(models.target, "target")
+
+
+@register("mtjd", check=check_exhaustive)
 def mtjd(models, run, cfg, rng) -> None:
     """Each iteration emits a K-token block chosen from the target's joint block distribution."""
     target = run.session(models.target, "target")

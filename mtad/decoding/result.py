@@ -18,7 +18,7 @@ class DecodeResult:
     position_proposals: per draft position j, how many iterations proposed a token at position j.
     wall_time_s:       wall time of the decode alone (synchronised on GPU).
     forward_time_s:    time spent inside model forward passes (for the overhead benchmark).
-    calls:             forward shapes, "<role>:<seq|tree>:<rows>x<new tokens>" -> count (mtad.costmodel).
+    calls:             forward shapes, "<role>:<seq|tree>:<rows>x<new tokens>" -> count (mtad.measure.costmodel).
     """
 
     tokens: list[int] = field(default_factory=list)

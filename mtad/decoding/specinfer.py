@@ -15,6 +15,7 @@ from mtad.decoding.accept import multi_draft_accept
 from mtad.decoding.core import register
 from mtad.decoding.filter import draw, uniform
 from mtad.decoding.kv import Session
+from mtad.decoding.mmtad import verify_tree
 
 
 def draft_tree(draft: Session, run, ks: list[int], rng):
@@ -39,8 +40,6 @@ def draft_tree(draft: Session, run, ks: list[int], rng):
 def specinfer(models, run, cfg, rng) -> None:
     """draft (static token tree) -> score (one target pass) -> accept (multi-step speculative sampling
     down the tree) -> commit the accepted path + one token from p̃ (residual or bonus)."""
-    from mtad.decoding.mmtad import verify_tree
-
     for target, draft, D in run.blocks(models, rng, depth=len(cfg.k_config)):
         ks = list(cfg.k_config[:D])
         tokens, parents, qs, draft_idx = draft_tree(draft, run, ks, rng)

@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 
 from omegaconf import OmegaConf
 
-from mtad.paths import default_data_dir, file_sha256
+from mtad._util.io import file_sha256
+from mtad._util.paths import default_data_dir
 from mtad.tasks.records import SkippedRow, hub_dataset, hub_fingerprint, hub_rows, iter_rows, parse_rows
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class TaskConfig:
 
     name: str = "gsm8k"
     source: str = "local"  # local: files under data_dir | hub: load_dataset(hub_id, hub_config, split)
-    data_dir: str | None = None  # None -> mtad.paths.default_data_dir()
+    data_dir: str | None = None  # None -> mtad._util.paths.default_data_dir()
     data_file: str | None = None  # overrides the task's default file; relative paths are under data_dir
     hub_id: str | None = None
     hub_config: str | None = None  # second argument of load_dataset (e.g. "main", "3.0.0")
@@ -53,7 +54,7 @@ class TaskConfig:
     stop: list[str] = field(default_factory=list)  # extra stop strings applied by postprocess
     timeout_s: float = 10.0  # humaneval: per-program wall limit; spider: per-query limit
     memory_mb: int = 1024  # humaneval: memory cap of the candidate (per process and over all its processes)
-    sandbox: str = "auto"  # humaneval: auto | namespaces | uid | none (mtad/tasks/sandbox.py); recorded in the row
+    sandbox: str = "auto"  # humaneval: auto | namespaces | uid | none (tasks/sandbox/client.py); recorded in the row
     db_dir: str | None = None  # spider: <db_dir>/<db_id>/<db_id>.sqlite -> execution accuracy
     schema_format: str = "create_table"  # spider: create_table | compact ("table(col, col)")
 
@@ -128,8 +129,6 @@ def register(name: str) -> Callable[[type[Task]], type[Task]]:
 
 def get_task(cfg: Any) -> Task:
     """The task named by ``cfg.name``; an unknown name raises ValueError listing the valid names."""
-    import mtad.tasks  # noqa: F401  (importing the package registers every task)
-
     cfg = TaskConfig.from_any(cfg)
     if cfg.name not in TASKS:
         raise ValueError(f"unknown task {cfg.name!r}; valid names: {sorted(TASKS)}")

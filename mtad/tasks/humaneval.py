@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mtad.tasks.base import Sample, Task, cut_at, register
 from mtad.tasks.records import need_str
-from mtad.tasks.sandbox import Limits, RunResult, run_check
+from mtad.tasks.sandbox.client import Limits, RunResult, run_check
 
 log = logging.getLogger(__name__)
 FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)

@@ -1,6 +1,6 @@
 """Render result rows as the paper's table: ``results/tables/<experiment>.md`` and ``.tex``.
 
-Input is the flattened frame of :func:`mtad.results.load_frame` (one row per run). Everything derived is
+Input is the flattened frame of :func:`mtad.harness.store.load_frame` (one row per run). Everything derived is
 computed here by joining rows on their fields (STYLE.md, "Results"), never from file names:
 
 - **quality**: rows (pair, decoder), per task the output perplexity (``metrics.ppl_mean_logprob``, the
@@ -12,11 +12,11 @@ computed here by joining rows on their fields (STYLE.md, "Results"), never from 
   energy ratio = J/token(baseline) / J/token(row) (> 1: the row uses less energy);
 - **claims**: each headline claim of the paper (:data:`CLAIMS`, figures as published, with the version they
   come from) beside our figure for the same comparison, ``—`` where we have no measurement;
-- **uncertainty** (:mod:`mtad.stats`): every ratio and change carries a 95 % paired-bootstrap interval over
+- **uncertainty** (:mod:`mtad.report.stats`): every ratio and change carries a 95 % paired-bootstrap interval over
   the prompts (records from each run's ``samples.jsonl``, found through the row's ``run_dir``), and every
   cell its n; a row whose per-prompt records are gone gets its point estimate marked ``†`` and is named
   under the table, never an invented interval. Runs of one configuration at several seeds are pooled;
-- **cost model** (:mod:`mtad.costmodel`): the ms/token predicted from the run's forward counts under the
+- **cost model** (:mod:`mtad.measure.costmodel`): the ms/token predicted from the run's forward counts under the
   cost profile of its hardware and pair, beside the measured one, and a **projection** of the speed-up
   under a declared profile (and under any other hardware's measured profile of the pair).
 
@@ -31,6 +31,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from mtad._util.paths import REPO_ROOT
+from mtad.measure.costmodel import declared_profile, find_profiles, predict
+from mtad.report import stats
 
 log = logging.getLogger(__name__)
 
@@ -126,12 +130,12 @@ def prepare(frame, keep: Sequence[str] = (), search: Sequence[str | Path] = (), 
     ms_per_token j_per_token block_efficiency acceptance_rate speedup energy_ratio`` (None where a run lacks
     the figure), the join keys, ``decoder.*`` settings, a few bookkeeping columns and ``keep``; duplicates of
     one configuration and seed reduced to the latest row, seeds pooled; ``speedup``/``energy_ratio`` joined
-    in, with their intervals (``speedup_ci``, ``energy_ratio_ci``: :class:`mtad.stats.Interval` or None)
+    in, with their intervals (``speedup_ci``, ``energy_ratio_ci``: :class:`mtad.report.stats.Interval` or None)
     from the runs' per-prompt records (``run_dir`` resolved against ``search``), and the cost model's
-    ``predicted_ms`` and ``proj_speedup`` (``profiles``: a list of :class:`mtad.costmodel.Profile`; default:
+    ``predicted_ms`` and ``proj_speedup`` (``profiles``: a list of :class:`mtad.measure.costmodel.Profile`; default:
     every profile under ``<search>/profiles`` and ``results/profiles``)."""
     if frame is None or len(frame) == 0:
-        raise ValueError("no result rows to tabulate: run the experiment first (python -m mtad.reproduce)")
+        raise ValueError("no result rows to tabulate: run the experiment first (python -m mtad.harness.sweep)")
     for need in ("decoder.name", "model.name", "task.name"):
         if need not in frame.columns:
             raise ValueError(f"result rows lack the column {need!r}: they are not mtad result rows")
@@ -262,8 +266,6 @@ def _pooled(row, g):
 def add_intervals(df, search: Sequence[str | Path] = ()):
     """``records`` (pooled per-prompt records of every row, None when a run's ``samples.jsonl`` is gone),
     ``n`` (prompts with records, else the row's prompts) and the intervals of ``speedup``/``energy_ratio``."""
-    from mtad import stats
-
     out = df.copy()
     search = [*search, Path.cwd()]
     out["records"] = [stats.samples_for(r["run_dirs"], r["score_name"] if isinstance(r["score_name"], str)
@@ -287,9 +289,6 @@ def _int_or_none(x):
 
 def default_profiles(search: Sequence[str | Path] = ()) -> list:
     """Every cost profile under ``<search>/profiles`` and the repository's ``results/profiles``."""
-    from mtad.costmodel import find_profiles
-    from mtad.paths import REPO_ROOT
-
     dirs = dict.fromkeys(Path(d).resolve() / "profiles" for d in [*search, REPO_ROOT / "results"])
     return find_profiles(list(dirs))
 
@@ -299,8 +298,6 @@ def add_cost_model(df, profiles: Sequence = ()):
     for its pair (None without one, or for rows from before counts were recorded); ``proj_speedup``: the
     speed-up vs the baseline projected under the declared profile; ``proj_other``: {profile label: projected
     ms/token} under measured profiles of the pair on other hardware."""
-    from mtad.costmodel import declared_profile, predict
-
     declared = declared_profile()
     out = df.copy()
     own, units, other = [], [], []
@@ -426,8 +423,6 @@ def _aggregate(kind: str, values: list[float]) -> float | None:
 def _cell_interval(kind: str, m, b):
     """The cell's comparison as an Interval: bootstrapped from both rows' per-prompt records, else the
     row-level point estimate without an interval (note says why)."""
-    from mtad import stats
-
     point = _per_cell(kind, m, b)
     iv = stats.compare(kind, m.get("records"), b.get("records"))
     if iv is None:
@@ -440,9 +435,7 @@ def _cell_interval(kind: str, m, b):
 
 def claims(df, claim_list: Iterable[Claim] = CLAIMS) -> list[dict]:
     """One dict per claim: the paper's figure, ours (None if unmeasured) with its interval
-    (:class:`mtad.stats.Interval`), the cells it is over, hardware, and the verdict text."""
-    from mtad import stats
-
+    (:class:`mtad.report.stats.Interval`), the cells it is over, hardware, and the verdict text."""
     out, prim = [], _primary(df)
     for c in claim_list:
         cells, on_paper = _cells(prim, c.method, c.versus, c.pairs)
@@ -599,8 +592,6 @@ def diversity_rows(df) -> tuple[list[str], list[list]]:
 def versus_sampling_rows(df) -> tuple[list[str], list[list]]:
     """Per task, every variant's perplexity change and task-score difference against ``sampling`` at the
     paper's settings, with paired 95 % intervals; [] rows without a sampling row."""
-    from mtad import stats
-
     header, tasks = ["pair", "decoder"], _tasks(df)
     for task in tasks:
         header += [f"{task} n", f"{task} PPL change [95 % CI]"]
@@ -776,8 +767,6 @@ def _settings_note(df) -> list[str]:
 
 
 def _uncertainty_note(df) -> list[str]:
-    from mtad import stats
-
     lines = [f"Intervals: 95 % paired bootstrap over prompts (pairs joined on prompt id and turn; seeds pooled "
              f"within a prompt), scipy.stats.bootstrap, {stats.N_RESAMPLES} resamples, {stats.METHOD} method, "
              f"seed {stats.SEED}; no interval below {stats.MIN_PAIRS} paired prompts. n = prompts per cell "
@@ -791,10 +780,10 @@ def _uncertainty_note(df) -> list[str]:
 
 
 def _cost_note(df) -> list[str]:
-    from mtad.costmodel import declared_profile
-
     has_counts = df["forward_calls"].map(bool).any() if "forward_calls" in df.columns else False
     lines = ["predicted ms/token: the run's forward counts (metrics.forward_calls) × the per-forward costs "
+             # published wording kept, so published tables re-render byte for byte ("mtad.costmodel profile"
+             # is the cost profile, today written by python -m mtad.harness.profile)
              "measured for this hardware and pair (mtad.costmodel profile, results/profiles/), plus its harness "
              "time per target forward; — where no profile or no counts exist"
              + ("" if has_counts else " (these rows predate forward counts)") + ".",
@@ -864,6 +853,7 @@ def _tex_table(header: Sequence[str], rows: Sequence[Sequence[Any]], caption: st
 def render_latex(frame, title: str = "results", search: Sequence[str | Path] = (), profiles=None) -> str:
     """Booktabs tables (``\\usepackage{booktabs}``), one ``table`` float each."""
     df = prepare(frame, search=search, profiles=profiles)
+    # "mtad.table": the wording of every published table, kept so that they re-render byte for byte
     parts = [f"% {title}: generated by mtad.table from result rows; do not edit by hand",
              _tex_table(*quality_rows(df), caption=f"{title}: output perplexity and task score")]
     header, rows = versus_sampling_rows(df)

@@ -1,8 +1,8 @@
 """The typed root of the Hydra configuration (STYLE.md, "Configuration").
 
-Each group's schema is owned by its module (``ModelConfig`` in :mod:`mtad.loading`, ``DecoderConfig``
+Each group's schema is owned by its module (``ModelConfig`` in :mod:`mtad.models.load`, ``DecoderConfig``
 in :mod:`mtad.decoding.config`, ``TaskConfig`` in :mod:`mtad.tasks.base`, ``TrackingConfig`` in
-:mod:`mtad.tracker`); :class:`RunConfig` nests them and is stored in Hydra's ConfigStore as
+:mod:`mtad.harness.tracking`); :class:`RunConfig` nests them and is stored in Hydra's ConfigStore as
 ``base_config``, so every YAML under ``conf/`` merges into a typed node: a misspelt key or a wrong value
 type fails at compose time with a message naming the key.
 """
@@ -15,9 +15,10 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 
 from mtad.decoding.config import DecoderConfig
-from mtad.loading import ModelConfig
+from mtad.harness.rundir import run_uid
+from mtad.harness.tracking import TrackingConfig
+from mtad.models.load import ModelConfig
 from mtad.tasks.base import TaskConfig
-from mtad.tracker import TrackingConfig
 
 
 def _schema(cls: type) -> type:
@@ -63,8 +64,6 @@ def register_configs() -> None:
     """Store ``base_config`` and register the ``${mtad.uid:}`` resolver (a random per-config suffix that
     keeps run directories of jobs started in the same second apart; see ``conf/config.yaml``)."""
     from omegaconf import OmegaConf
-
-    from mtad.rundir import run_uid
 
     ConfigStore.instance().store(name="base_config", node=RunConfig)
     OmegaConf.register_new_resolver("mtad.uid", run_uid, use_cache=True, replace=True)

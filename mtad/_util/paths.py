@@ -1,11 +1,10 @@
 """Default locations; every one can be overridden by config or environment, none is absolute."""
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def default_data_dir() -> Path:
@@ -22,11 +21,3 @@ def cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "mtad"
 
-
-def file_sha256(path: Path) -> str:
-    """sha256 hex of a file's bytes (as stored, so a .gz file is hashed compressed), read in 4 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()

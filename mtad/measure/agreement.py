@@ -1,15 +1,9 @@
-"""A cheaper target pass on CPU (``model.quantize=int8``) and how far it moves the target.
+"""How far a cheaper target moves from the fp32 one: ``model.quantize=int8`` or a half-precision dtype.
 
-``quantize_target(model, "int8")`` replaces every ``nn.Linear`` of the target (attention and MLP projections
-and the output head; the input embedding stays fp32) by torch's dynamic int8 Linear: int8 weights, activations
-quantised per call. It is applied once in ``mtad.loading.load_pair``, so every decoder, the perplexity scorer
-and the benchmark see the same quantised target, and the option is part of the model config (result row and
-config hash). CPU only (fbgemm/qnnpack kernels).
-
-``agreement(ref, other, sequences)`` measures the quantised target against the fp32 one on the same token
+``agreement(ref, other, sequences)`` measures the cheaper target against the fp32 one on the same token
 sequences: mean / max total variation of the filtered next-token distributions (T, top-k, top-p: the
-decoders' ``filter_probs``), top-1 agreement and each model's perplexity. ``python -m mtad.quantize`` runs
-it on held-out WikiText-2 **test** text and on the target's own answers to GSM8K test questions and writes
+decoders' ``filter_probs``), top-1 agreement and each model's perplexity. ``python -m mtad.measure.agreement``
+runs it on held-out WikiText-2 **test** text and on the target's own answers to GSM8K test questions and writes
 ``results/quantize_agreement.json``; ``--other bfloat16`` measures a bf16 target (``model.dtype=bfloat16``,
 fast on CPUs with AVX512-BF16) the same way and writes ``results/dtype_agreement_bfloat16.json``.
 """
@@ -23,52 +17,21 @@ import sys
 from pathlib import Path
 
 import torch
-from torch import nn
+
+from mtad._util.paths import REPO_ROOT, default_data_dir
+from mtad.decoding import generate
+from mtad.decoding.filter import filter_probs
+from mtad.models import smollm2
+from mtad.models.load import ModelConfig, load_pair
+from mtad.models.quantize import LAYER_KINDS, quantize_target
 
 log = logging.getLogger(__name__)
-
-QUANTIZE = ("none", "int8")
-
-
-LAYER_KINDS = {"attn_qkv": ("q_proj", "k_proj", "v_proj"), "attn_o": ("o_proj",),
-               "mlp_gate_up": ("gate_proj", "up_proj"), "mlp_down": ("down_proj",), "head": ("lm_head",)}
-
-
-def quantize_target(model, mode: str, only: tuple[str, ...] | None = None):
-    """The target with its Linear layers in dynamic int8 (in place), or unchanged for ``none``;
-    ``only``: quantise just the Linear modules whose names end in one of these suffixes (sensitivity)."""
-    if mode not in QUANTIZE:
-        raise ValueError(f"model.quantize={mode!r} is invalid: allowed {QUANTIZE}")
-    if mode == "none":
-        return model
-    device = model.get_input_embeddings().weight.device
-    if device.type != "cpu":
-        raise ValueError(f"model.quantize=int8 is a CPU option (torch dynamic int8 kernels); the target is on "
-                         f"{device}: use model.device=cpu or model.quantize=none")
-    import warnings
-
-    from torch.ao.quantization import quantize_dynamic
-
-    with warnings.catch_warnings():  # torch.ao.quantization is deprecated in favour of torchao; still works
-        warnings.simplefilter("ignore")
-        if only is None:
-            spec = {nn.Linear}
-        else:
-            from torch.ao.quantization import default_dynamic_qconfig
-
-            spec = {n: default_dynamic_qconfig for n, m in model.named_modules()
-                    if isinstance(m, nn.Linear) and n.endswith(tuple(only))}
-        quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
-    model.mtad_quantize = mode
-    return model
 
 
 @torch.no_grad()
 def agreement(ref, other, sequences: list[list[int]], temperature: float = 1.0, top_k: int = 10,
               top_p: float = 0.9) -> dict:
     """Agreement of ``other`` with ``ref`` on next-token prediction over every position of ``sequences``."""
-    from mtad.decoding.filter import filter_probs
-
     tv, top1, nll_ref, nll_other, n = [], [], 0.0, 0.0, 0
     for ids in sequences:
         x = torch.tensor([ids])  # (1, T)
@@ -100,25 +63,19 @@ def wikitext_sequences(tokenizer, data_dir: Path, n: int, length: int) -> list[l
 
 def gsm8k_sequences(pair, data_dir: Path, n: int, new_tokens: int) -> list[list[int]]:
     """Prompt + the fp32 target's own sampled answer for ``n`` GSM8K test questions (chat template)."""
-    import mtad
-
     rows = [json.loads(line) for line in open(Path(data_dir) / "gsm8k" / "test.jsonl", encoding="utf-8")]
     out = []
     for i in range(n):
         q = rows[i * len(rows) // n]["question"]
         ids = pair.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                                  tokenize=True, return_dict=True)["input_ids"]
-        r = mtad.generate(pair, ids, {"name": "sampling", "max_new_tokens": new_tokens},
+        r = generate(pair, ids, {"name": "sampling", "max_new_tokens": new_tokens},
                           torch.Generator().manual_seed(i))
         out.append(list(ids) + r.tokens)
     return out
 
 
 def main(argv=None) -> int:
-    from mtad.loading import ModelConfig, load_pair
-    from mtad.paths import REPO_ROOT, default_data_dir
-    from mtad.quantize import quantize_target as qt
-
     p = argparse.ArgumentParser(description="int8 (or bf16/fp16) vs fp32 agreement of the embedded SmolLM2 target")
     p.add_argument("--other", choices=["int8", "bfloat16", "float16"], default="int8",
                    help="the cheaper target: model.quantize=int8, or model.dtype=bfloat16 / float16")
@@ -141,10 +98,9 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     pair = load_pair(ModelConfig(name="smollm2", kind="smollm2", draft=None, device="cpu", chat_template=True))
     ref = pair.target
-    from mtad import smollm2
 
     if a.other == "int8":
-        other = qt(smollm2.load(dtype="float32", device="cpu")[0], "int8")
+        other = quantize_target(smollm2.load(dtype="float32", device="cpu")[0], "int8")
     else:
         other = smollm2.load(dtype=a.other, device="cpu")[0]
     data = default_data_dir()
@@ -155,7 +111,8 @@ def main(argv=None) -> int:
     if a.sensitivity:
         del other
         result["sensitivity_wikitext2_test"] = {
-            kind: agreement(ref, qt(smollm2.load(dtype="float32", device="cpu")[0], "int8", suffixes), wiki)
+            kind: agreement(ref, quantize_target(smollm2.load(dtype="float32", device="cpu")[0], "int8", suffixes),
+                            wiki)
             for kind, suffixes in LAYER_KINDS.items()}
     result["settings"] = vars(a)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

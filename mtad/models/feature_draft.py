@@ -29,7 +29,7 @@ nothing here reads the target's distribution. Baselines that call ``model.genera
 
 Files: a feature draft is an ordinary exported draft directory (``config.json`` with
 ``"mtad_feature_draft": true``, ``model.safetensors`` with ``fc.*``, the layers and the norm; the embedding
-and head are the target's, re-tied at load by :func:`mtad.loading.load_tied_draft`).
+and head are the target's, re-tied at load by :func:`mtad.models.load.load_tied_draft`).
 """
 from __future__ import annotations
 
@@ -40,6 +40,8 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.modeling_utils import slice_logits_to_keep
+
+from mtad.decoding.kv import Session
 
 CONFIG_FLAG = "mtad_feature_draft"
 
@@ -96,7 +98,7 @@ class FeatureDraft(LlamaForCausalLM):
 
 
 class ZeroSource:
-    """A stand-in for the target's Session when a feature draft is timed alone (``mtad.costmodel``, the
+    """A stand-in for the target's Session when a feature draft is timed alone (``mtad.measure.costmodel``, the
     benchmark's step costs): it "computes" every position with a zero feature, so the draft runs exactly the
     tensor operations of a decode (its inputs just carry no information)."""
 
@@ -116,8 +118,6 @@ class ZeroSource:
 
 def timing_session(model, stats, role: str):
     """A Session of ``model`` for cost measurements: a feature draft is linked to a :class:`ZeroSource`."""
-    from mtad.decoding.kv import Session
-
     s = Session(model, stats, role)
     if getattr(model, "reads_target_features", False):
         s.link(ZeroSource(model.config.hidden_size, s.device))

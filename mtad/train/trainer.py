@@ -1,6 +1,6 @@
 """Distil the embedded target (SmolLM2-135M-Instruct) into a small draft that shares its tokenizer.
 
-Run: ``python -m mtad.train_draft [key=value ...]`` (config ``conf/train_draft.yaml``).
+Run: ``python -m mtad.train.trainer [key=value ...]`` (config ``conf/train_draft.yaml``).
 
 Recipe (DRAFT.md): the student is the target's architecture cut to ``layers`` decoder layers, initialised
 from target layers ``init_layers`` and the target's final norm; the embedding and the tied output head are
@@ -22,11 +22,11 @@ above ``CACHE_FORMAT``); training steps read random cached rows only, so several
 The loss is then taken against the *filtered* target distribution p~ (T=1, top-k, top-p: the verification
 filter, computed exactly from the cached top-K): ``ce_filtered`` (-sum p~ log q), ``tv_filtered``
 (1 - sum min(p~, q~) = 1 - alpha) or ``ce_tv`` (both). ``head_vocab=N`` trains a head over the N most frequent
-tokens (``mtad.draft_head``; q = 0 elsewhere), ``head_bias`` a per-token bias on it, ``init_from`` warm-starts
+tokens (``mtad.models.draft_head``; q = 0 elsewhere), ``head_bias`` a per-token bias on it, ``init_from`` warm-starts
 the layers from an exported draft, ``export_only`` exports the latest checkpoint while a run continues.
 ``gen_dtype=bfloat16`` lets a bf16 copy of the target sample and label the shards (on an AVX512-BF16 CPU
 2.4x the fp32 rate at batch 32: 11k against 4.7k answer tokens a minute on one thread; its filtered
-distribution is within TV 0.02 of fp32's, ``mtad.quantize --other bfloat16``) **[choice: the labels are the
+distribution is within TV 0.02 of fp32's, ``mtad.measure.agreement --other bfloat16``) **[choice: the labels are the
 bf16 teacher's, not re-scored in fp32, which would cost a second teacher pass per row]**; the held-out
 evaluation and the text shards keep the fp32 teacher. An arch=feature shard stores the teacher's features
 read off the same passes.
@@ -43,13 +43,10 @@ import gzip
 import json
 import logging
 import math
-import os
 import random
 import re
 import shlex
-import shutil
 import sysconfig
-import tempfile
 import textwrap
 import time
 from dataclasses import asdict, dataclass, field
@@ -59,9 +56,14 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn.functional as F
 
-from mtad.draft_head import FILL, HEAD_FILE, full_bias, read_head_file
-from mtad.loading import tie_to_target
-from mtad.paths import REPO_ROOT, cache_dir, default_data_dir
+from mtad._util.io import atomic_replace_dir, atomic_write
+from mtad._util.paths import REPO_ROOT, cache_dir, default_data_dir
+from mtad.decoding.filter import filter_probs
+from mtad.models import smollm2
+from mtad.models.draft_head import FILL, HEAD_FILE, DraftHead, full_bias, read_head_file
+from mtad.models.feature_draft import FeatureDraft, feature_config
+from mtad.models.load import tie_to_target
+from mtad.models.tiny import tiny_model, tiny_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +72,8 @@ log = logging.getLogger(__name__)
 class TrainDraftConfig:
     target: str = "smollm2"  # smollm2 | tiny (a random tiny llama: tests and smoke runs)
     out_dir: str = "models/smollm2-draft"  # repo-relative or absolute; "" = do not export
-    ckpt_dir: Optional[str] = None  # None: mtad.paths.cache_dir()/train_draft
-    data_dir: Optional[str] = None  # None: mtad.paths.default_data_dir()
+    ckpt_dir: Optional[str] = None  # None: mtad._util.paths.cache_dir()/train_draft
+    data_dir: Optional[str] = None  # None: mtad._util.paths.default_data_dir()
     layers: int = 2
     init_layers: List[int] = field(default_factory=lambda: [0, 1])
     seq_len: int = 256  # offline window length
@@ -124,7 +126,7 @@ class TrainDraftConfig:
     head_bias: bool = False  # train a per-token bias on the (reduced) head
     init_from: Optional[str] = None  # warm-start the layers from this exported draft (e.g. models/smollm2-draft)
     export_only: bool = False  # evaluate + export the latest checkpoint (no training, checkpoint untouched)
-    # --- feature drafts (arch=feature, mtad.feature_draft; data=cache only)
+    # --- feature drafts (arch=feature, mtad.models.feature_draft; data=cache only)
     arch: str = "token"  # token: reads tokens only | feature: also reads the target's final hidden states
     unroll: int = 1  # extra training passes that feed the draft its own features (depth 2, 3, ... of a block)
     feat_weight: float = 0.5  # weight of the feature regression (smooth L1 of the draft's output to the target's)
@@ -334,14 +336,10 @@ def function_heads(source: str, max_lines: int = 30) -> list[str]:
 def load_teacher(cfg: TrainDraftConfig, device: torch.device):
     """(teacher, tokenizer): the embedded SmolLM2 or, for tests, a tiny random llama."""
     if cfg.target == "tiny":
-        from mtad.tiny import tiny_model, tiny_tokenizer
-
         teacher = tiny_model("llama", hidden=cfg.tiny_hidden, layers=cfg.tiny_layers, seed=cfg.seed,
                              max_positions=max(cfg.seq_len, cfg.gen_prompt_len + cfg.gen_tokens) + 8)
         tok = tiny_tokenizer()
     else:
-        from mtad import smollm2
-
         teacher, tok = smollm2.load(dtype="float32", device="cpu")
     for p in teacher.parameters():
         p.requires_grad_(False)
@@ -350,7 +348,7 @@ def load_teacher(cfg: TrainDraftConfig, device: torch.device):
 
 def build_student(teacher, layers: int, init_layers: list[int], arch: str = "token"):
     """The teacher's architecture with ``layers`` layers copied from ``init_layers``; embedding/head shared, frozen.
-    ``arch=feature``: a :class:`mtad.feature_draft.FeatureDraft` (Llama layers) whose ``fc`` starts as
+    ``arch=feature``: a :class:`mtad.models.feature_draft.FeatureDraft` (Llama layers) whose ``fc`` starts as
     [identity, 0] (it reads the token embedding only: at step 0 it is the token draft it was built from)."""
     from transformers import AutoModelForCausalLM
 
@@ -358,8 +356,6 @@ def build_student(teacher, layers: int, init_layers: list[int], arch: str = "tok
     if any(not -1 <= i < n for i in init_layers):
         raise ValueError(f"init_layers={list(init_layers)} out of range for a target with {n} layers (-1: random)")
     if arch == "feature":
-        from mtad.feature_draft import FeatureDraft, feature_config
-
         config = feature_config(teacher.config, layers)
         config._attn_implementation = "sdpa"
         student = FeatureDraft(config).float()
@@ -410,8 +406,6 @@ def init_from_draft(student, path: Path) -> None:
 
 def install_train_head(student, kept: Optional[torch.Tensor], bias: bool) -> None:
     """A ``DraftHead`` over ``kept`` (None: all ids) on the student's shared embedding; trainable bias optional."""
-    from mtad.draft_head import DraftHead
-
     head = student.get_output_embeddings().weight  # the target's head (its embedding when tied)
     student.lm_head = DraftHead(head, kept, None, trainable_bias=bias)
 
@@ -546,8 +540,6 @@ def sample_topk(teacher, rows: list[list[int]], pad: int, eos, max_new: int, top
     what ``teacher_features`` computes teacher-forced), read off the same passes (one extra step feeds the
     last sampled token), so a feature draft's shard needs no second teacher pass."""
     from transformers import DynamicCache
-
-    from mtad.decoding.filter import filter_probs
 
     device = teacher.get_input_embeddings().weight.device
     enc = _left_pad(rows, pad, device)
@@ -789,8 +781,6 @@ def feature_targets(rows: list[dict], device) -> torch.Tensor:
 
 def filtered_targets(topk_logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """p~ on the cached top-K ids: (M, K) raw log-probs sorted descending -> (M, K) filtered probabilities."""
-    from mtad.decoding.filter import filter_probs
-
     return filter_probs(topk_logp.float(), 1.0, top_k, top_p)  # exactly the decoders' filter (top-k <= K)
 
 
@@ -892,8 +882,6 @@ def warp(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
 def _filtered(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """The decoders' filter (``filter_probs``: exactly top_k tokens, then the nucleus; no full-vocabulary
     sort when top_k > 0); ``warp`` for top_k = 0."""
-    from mtad.decoding.filter import filter_probs
-
     return filter_probs(logits, 1.0, top_k, top_p) if top_k else warp(logits, top_k, top_p)
 
 
@@ -1008,15 +996,7 @@ def _mean(xs: list) -> float:
 
 def atomic_save(obj, path: Path) -> None:
     """torch.save to a temp file beside ``path``, then rename over it (a crash leaves the old file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
 def _resolve(path: str) -> Path:
@@ -1040,14 +1020,12 @@ def head_tensors(student) -> dict[str, torch.Tensor]:
 def export(student, out_dir: Path, meta: dict) -> Path:
     """Write config.json, the non-embedding weights (fp16 safetensors), draft.json and MODEL_CARD.md atomically.
 
-    The embedding and the tied output head are not stored: ``mtad.loading`` re-ties them from the target.
+    The embedding and the tied output head are not stored: ``mtad.models.load`` re-ties them from the target.
     """
     from safetensors.torch import save_file
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        tmp.chmod(0o755)
+
+    def build(tmp: Path) -> None:
         weights = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in layer_state(student).items()}
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         head = head_tensors(student)
@@ -1058,14 +1036,8 @@ def export(student, out_dir: Path, meta: dict) -> Path:
         (tmp / "MODEL_CARD.md").write_text(model_card(meta))
         for f in tmp.iterdir():
             f.chmod(0o644)  # safetensors/mkstemp may leave 0600: committed files are world-readable
-        old = out_dir.with_name(f".{out_dir.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        if out_dir.exists():
-            out_dir.rename(old)
-        tmp.rename(out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    atomic_replace_dir(out_dir, build)
     log.info("exported the draft to %s", out_dir)
     return out_dir
 
@@ -1094,15 +1066,15 @@ def _card_cached(meta: dict) -> str:
             if c["head_vocab"] else "the full-vocabulary tied head")
     return f"""# smollm2-draft: a {meta['layers']}-layer draft for SmolLM2-135M-Instruct
 
-Generated by `python -m mtad.train_draft` at export; rerun it to reproduce (command below).
+Generated by `python -m mtad.train.trainer` at export; rerun it to reproduce (command below).
 
 ## Architecture
 - Llama decoder, d = {meta['hidden']}, {meta['layers']} layers, {meta['heads']} query / {meta['kv_heads']} KV heads,
   the target's tokenizer (vocabulary {meta['vocab']:,}); output: {head}.
 - Stored: {meta['own_params']:,} parameters (layers + final norm in fp16 `model.safetensors`, head ids/bias in
   `head.safetensors`), {meta['file_mb']:.1f} MB. The embedding and the head rows are the target's own tensor,
-  re-tied at load (`mtad.loading.load_pair`, kind `smollm2`); `model.draft_head` picks the inference head
-  (`full` | `int8` | `reduced` | `reduced_int8`, `mtad.draft_head`).
+  re-tied at load (`mtad.models.load.load_pair`, kind `smollm2`); `model.draft_head` picks the inference head
+  (`full` | `int8` | `reduced` | `reduced_int8`, `mtad.models.draft_head`).
 
 ## Training (cached on-policy distillation)
 - Warm start: {c['init_from'] or 'target layers ' + str(c['init_layers'])}.
@@ -1171,7 +1143,7 @@ def model_card(meta: dict) -> str:
     table = "\n".join([row(f"trained, {d}", ev[d]) for d in ev] + [row(f"initial (step 0), {d}", ev0[d]) for d in ev0])
     return f"""# smollm2-draft: a {meta['layers']}-layer draft for SmolLM2-135M-Instruct
 
-Generated by `python -m mtad.train_draft` at export; rerun it to reproduce (command below).
+Generated by `python -m mtad.train.trainer` at export; rerun it to reproduce (command below).
 
 ## Architecture
 - Llama decoder, d = {meta['hidden']}, {meta['layers']} layers (initialised from target layers
@@ -1179,7 +1151,7 @@ Generated by `python -m mtad.train_draft` at export; rerun it to reproduce (comm
   (the target's tokenizer, unchanged).
 - Parameters: {meta['own_params']:,} stored here (layers + final norm, fp16, `model.safetensors`), plus the
   target's {meta['shared_params']:,}-parameter embedding, which is also the tied output head. **The embedding
-  is not stored**: `mtad.loading.load_pair` (kind `smollm2`) builds the draft from `config.json`, loads these
+  is not stored**: `mtad.models.load.load_pair` (kind `smollm2`) builds the draft from `config.json`, loads these
   weights and points its embedding/head at the target's own tensor (shared memory when the dtypes agree).
   Total at run time: {meta['own_params'] + meta['shared_params']:,} parameters.
 - Why this shape (DRAFT.md): initialising from the target's embedding/head and first layers beat a fresh
@@ -1555,7 +1527,7 @@ class Trainer:
             "shared_params": self.student.get_input_embeddings().weight.numel(),
             "tied_embedding_from": "smollm2-135m-instruct" if cfg.target == "smollm2" else "tiny",
             "file_mb": own * 2 / 2**20, "device_desc": self._device_desc(),
-            "command": "python -m mtad.train_draft " + " ".join(_overrides(cfg)),
+            "command": "python -m mtad.train.trainer " + " ".join(_overrides(cfg)),
             "alpha_vs_tokens": [{"step": e["step"], "tokens": e["tokens"],
                                  **{d: round(e[d]["alpha"], 4) for d in ("gsm8k", "humaneval", "all") if d in e}}
                                 for e in s["evals"]],
@@ -1574,9 +1546,7 @@ class Trainer:
         return meta
 
     def evaluate_heads(self) -> dict:
-        """Held-out results ('all') of the student with each inference head of ``mtad.draft_head`` (CPU)."""
-        from mtad.draft_head import DraftHead
-
+        """Held-out results ('all') of the student with each inference head of ``mtad.models.draft_head`` (CPU)."""
         trained = self.student.lm_head
         emb = self.teacher.get_output_embeddings().weight  # the student's head rows are the target's
         bias = trained.bias.detach() if hasattr(trained, "compact") and trained.bias is not None else None
@@ -1662,7 +1632,7 @@ def main() -> None:
 
     _register()
 
-    @hydra.main(config_path="../conf", config_name="train_draft", version_base="1.3")
+    @hydra.main(config_path="../../conf", config_name="train_draft", version_base="1.3")
     def _run(dcfg) -> None:
         cfg = OmegaConf.to_object(dcfg)
         log.info("train_draft config: %s", asdict(cfg))

@@ -11,7 +11,7 @@
   identical sweeps at once never write a row twice (the later one writes nothing and gets False).
 - Non-finite floats (NaN, inf) are never written: JSON has no such values, so every row and sample line
   must parse with a strict reader. They become ``null`` and are listed in the row's ``non_finite``
-  (``{"metrics.ppl_mean_logprob": "nan"}``) with a warning. ``python -m mtad.results append ROW RESULTS``
+  (``{"metrics.ppl_mean_logprob": "nan"}``) with a warning. ``python -m mtad.harness.store append ROW RESULTS``
   appends a row saved elsewhere (the ``row.json`` of a run whose append failed).
 - ``load_results`` / ``load_frame``: read back (flattened columns ``metrics.ms_per_token``, ``decoder.name``).
 - ``write_jsonl_atomic``: per-run ``samples.jsonl``, written once at the end of a run.
@@ -25,15 +25,17 @@ import hashlib
 import json
 import logging
 import math
-import os
 import platform
 import subprocess
-import tempfile
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional
+
+from mtad._util.io import atomic_write
+from mtad._util.paths import REPO_ROOT
+from mtad._util.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +91,6 @@ class ResultRow:
               run_id: Optional[str] = None) -> "ResultRow":
         """Fill the bookkeeping fields (hash, time, git, versions, device) around a run's numbers.
         ``cfg`` is the resolved config (dict or DictConfig); ``devices`` the torch devices the models use."""
-        from mtad.paths import REPO_ROOT
-
         sha, dirty = git_info(repo_root if repo_root is not None else REPO_ROOT)
         now = datetime.now(timezone.utc)
         skips = {str(k): int(v) for k, v in (skip_reasons or {}).items()}
@@ -208,9 +208,7 @@ def environment_info(devices: Iterable[Any] = ()) -> dict:
 
     mtad_version = _version("mtad")
     if mtad_version is None:
-        import mtad
-
-        mtad_version = getattr(mtad, "__version__", None)
+        mtad_version = __version__
     cuda = sorted({torch.device(d).index or 0 for d in devices if torch.device(d).type == "cuda"})
     names = [torch.cuda.get_device_name(i) for i in cuda] if cuda else []
     return {
@@ -275,32 +273,6 @@ def to_json_line(row: ResultRow | Mapping[str, Any]) -> str:
     return _dumps(row) + "\n"
 
 
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):  # not every filesystem lets a directory be fsynced
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temp file beside ``path``, fsync, then ``os.replace``: all or nothing."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
-        os.replace(tmp, path)
-    except BaseException:  # a crash or Ctrl-C: the old file stays, the temp file goes
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Exclusive ``flock`` on ``<path>.lock`` (a separate file, so ``os.replace`` cannot swap it away)."""
@@ -327,7 +299,7 @@ def append_row(path: str | Path, row: ResultRow | Mapping[str, Any], unless_hash
         old = _drop_bad_tail(path, path.read_bytes() if path.exists() else b"")
         if unless_hash is not None and unless_hash in _hashes_in(old):
             return False
-        _atomic_write_bytes(path, old + line)
+        atomic_write(path, old + line)
     return True
 
 
@@ -361,7 +333,7 @@ def write_jsonl_atomic(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> N
     path = Path(path)
     data = "".join(_dumps(r) + "\n" for r in rows).encode()
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_bytes(path, data)
+    atomic_write(path, data)
 
 
 # ------------------------------------------------------------------------------------------- reading
@@ -436,13 +408,13 @@ def load_frame(path_or_dir: str | Path):
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """``python -m mtad.results append ROW.json RESULTS.jsonl``: append a saved row (e.g. the ``row.json``
+    """``python -m mtad.harness.store append ROW.json RESULTS.jsonl``: append a saved row (e.g. the ``row.json``
     of a run whose append failed) under the lock, unless the file already holds its config."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 3 or args[0] != "append":
-        raise SystemExit("usage: python -m mtad.results append ROW.json RESULTS.jsonl")
+        raise SystemExit("usage: python -m mtad.harness.store append ROW.json RESULTS.jsonl")
     row = json.loads(Path(args[1]).read_text().strip().splitlines()[0])
     done = append_row(args[2], row, unless_hash=row.get("config_hash"))
     print(f"{'appended' if done else 'already there, not appended'}: {args[1]} -> {args[2]}")

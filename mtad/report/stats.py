@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from mtad._util.paths import REPO_ROOT
+
 log = logging.getLogger(__name__)
 
 N_RESAMPLES = 2000
@@ -193,7 +195,6 @@ def resolve_run_dir(run_dir: str | None, search: Iterable[str | Path] = ()) -> P
     that was moved keeps its ``runs/<hash>`` below it). None when no ``samples.jsonl`` is found."""
     if not run_dir:
         return None
-    from mtad.paths import REPO_ROOT
 
     p = Path(run_dir)
     candidates = [p, REPO_ROOT / p]

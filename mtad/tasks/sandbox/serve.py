@@ -1,6 +1,6 @@
 """The untrusted side of the HumanEval sandbox, and the wire format both sides speak (standard library only).
 
-``python -I -S -B sandbox_serve.py REQ_FD REP_FD`` runs inside the jail (see ``sandbox_worker.py``). It reads
+``python -I -S -B serve.py REQ_FD REP_FD`` runs inside the jail (see ``worker.py``). It reads
 one message ``{"program": source, "entry_point": name}``, executes the program (prompt + completion) and
 answers ``{"ok": true}`` or ``{"error": ...}``; then, for each ``{"args": [...]}`` it calls the entry point
 and answers ``{"value": ...}`` or ``{"error": ...}``, until the request pipe closes.

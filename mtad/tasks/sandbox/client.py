@@ -1,8 +1,8 @@
 """Run generated Python (HumanEval tests) so that a completion can neither forge a pass nor touch the host.
 
-The runner starts a supervisor process (``sandbox_worker.py``), which starts the candidate in a jail and
+The runner starts a supervisor process (``worker.py``), which starts the candidate in a jail and
 runs the **tests itself**: the candidate process holds only the prompt and the completion and answers calls
-of the entry point over a pipe, with plain values of exact builtin types (``sandbox_serve.py``). So the
+of the entry point over a pipe, with plain values of exact builtin types (``serve.py``). So the
 candidate cannot read a pass token, swap ``check`` or return an always-equal object; the verdict travels on
 the supervisor's stdout, which the candidate never holds. Isolation, best first (``Limits.isolation``,
 ``task.sandbox``; recorded per run in the row as ``sandbox``):
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
-WORKER = Path(__file__).with_name("sandbox_worker.py")
+WORKER = Path(__file__).with_name("worker.py")
 ISOLATION = ("auto", "namespaces", "uid", "none")
 _fallback: str | None = None  # set once ``auto`` found namespaces unusable on this machine
 

@@ -3,7 +3,7 @@
 - ``sequence_logprobs`` / ``perplexity``: output perplexity under the RAW target (T = 1, no top-k/top-p),
   scored after the timed decode, never inside it.
 - ``run_metrics``: latency, block efficiency, acceptance and energy aggregated over the prompts of a run,
-  and ``forward_calls`` (every forward's shape, summed; the cost model's counts, :mod:`mtad.costmodel`).
+  and ``forward_calls`` (every forward's shape, summed; the cost model's counts, :mod:`mtad.measure.costmodel`).
 - ``diversity``: distinct-1/2/3 over a run's outputs and the repeated-trigram rate per sample, so that a
   lower perplexity that comes from repetitive text shows.
 
@@ -17,7 +17,7 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 
 from mtad.decoding.result import DecodeResult
-from mtad.energy import EnergyReading, combine_readings
+from mtad.measure.energy import EnergyReading, combine_readings
 
 
 def _as_ids(ids: Any, what: str) -> torch.Tensor:

@@ -23,16 +23,16 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from mtad.config import experiment_name
 from mtad.decoding import DecoderConfig, PromptTooLong, generate
-from mtad.energy import EnergyMeter, combine_readings
-from mtad.loading import ModelConfig, load_pair, resolve_local
-from mtad.metrics import diversity, perplexity, run_metrics, sequence_logprobs
-from mtad.progress import PromptBar
-from mtad.results import ResultRow, append_row, config_hash, existing_hashes, to_json_line, write_jsonl_atomic
-from mtad.rundir import check_results_file, check_writable
+from mtad.harness.config import experiment_name
+from mtad.harness.progress import PromptBar
+from mtad.harness.rundir import check_results_file, check_writable
+from mtad.harness.store import ResultRow, append_row, config_hash, existing_hashes, to_json_line, write_jsonl_atomic
+from mtad.harness.tracking import TrackingConfig, make_tracker
+from mtad.measure.energy import EnergyMeter, combine_readings
+from mtad.measure.metrics import diversity, perplexity, run_metrics, sequence_logprobs
+from mtad.models.load import ModelConfig, load_pair, resolve_local
 from mtad.tasks.base import TaskConfig, get_task
-from mtad.tracker import TrackingConfig, make_tracker
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def run(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict | Non
     tcfg = TaskConfig.from_any(resolved["task"])
     track = TrackingConfig.from_any(resolved.get("tracking"))
     results_file = Path(resolved.get("results_dir", "results")) / f"{experiment_name(resolved)}.jsonl"
-    check_results_file(results_file)  # unwritable output fails here, before any work (mtad.rundir)
+    check_results_file(results_file)  # unwritable output fails here, before any work (mtad.harness.rundir)
     task = get_task(tcfg)
     samples = task.samples()  # bad data fails here, before any model is loaded
     # a retrained local draft or an edited data file is a new config
@@ -131,7 +131,7 @@ def save_row(results_file: Path, row: ResultRow, run_dir: Path, unless_done: boo
         saved = run_dir / "row.json"
         try:
             write_jsonl_atomic(saved, [row.to_dict()])
-            where = f"saved to {saved}; append it with `python -m mtad.results append {saved} {results_file}`"
+            where = f"saved to {saved}; append it with `python -m mtad.harness.store append {saved} {results_file}`"
         except OSError:
             sys.stderr.write(to_json_line(row))
             where = f"written to stderr as one JSON line (and {saved} could not be written either)"

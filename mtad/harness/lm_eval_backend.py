@@ -12,7 +12,7 @@ generation (STYLE.md). What goes where:
 
 ``model_args``::
 
-    pair=tiny | pair=smollm2          a conf/model/<name>.yaml, loaded by mtad.loading.load_pair
+    pair=tiny | pair=smollm2          a conf/model/<name>.yaml, loaded by mtad.models.load.load_pair
     target=<hub id/path>[,draft=...]  or the two models named directly
     decoder=mtad                      a conf/decoder/<name>.yaml preset, else a registered decoder name
     gamma=4,tau=0.5,temperature=1,... any DecoderConfig field (overrides the preset)
@@ -27,16 +27,18 @@ meaning for these decoders and are ignored with a warning. The decode always run
 EOS; ``until`` strings only cut the text afterwards, so decode statistics count every generated token.
 
 lm-eval does not import plugins by itself, so the ``lm_eval`` command does not know ``--model mtad`` until
-this module is imported. Use ``python -m mtad.lm_eval_backend <lm_eval arguments>`` (same arguments as
-``lm_eval``), or ``import mtad.lm_eval_backend`` before ``lm_eval.simple_evaluate(model="mtad", ...)``.
+this module is imported. Use ``python -m mtad.harness.lm_eval_backend <lm_eval arguments>`` (same arguments as
+``lm_eval``), or ``import mtad.harness.lm_eval_backend`` before ``lm_eval.simple_evaluate(model="mtad", ...)``.
 See docs/LM_EVAL.md.
 """
 from __future__ import annotations
 
+from mtad.models.load import ModelConfig, load_pair
+
 if __name__ == "__main__":
-    # `python -m mtad.lm_eval_backend`: run the importable module's main(), so the model class is registered
+    # `python -m mtad.harness.lm_eval_backend`: run the importable module's main(), so the model class is registered
     # once, under its real module name (a second class registered as "mtad" would be refused by lm-eval).
-    from mtad.lm_eval_backend import main
+    from mtad.harness.lm_eval_backend import main
 
     raise SystemExit(main())
 
@@ -54,11 +56,11 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 from tqdm import tqdm
 
+from mtad._util.paths import REPO_ROOT
 from mtad.decoding import DECODERS, DecoderConfig, DecodeResult, generate
 from mtad.decoding.core import NEEDS_DRAFT
-from mtad.metrics import run_metrics
-from mtad.pair import ModelPair
-from mtad.paths import REPO_ROOT
+from mtad.measure.metrics import run_metrics
+from mtad.models.pair import ModelPair
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +162,7 @@ class MTADLM(HFLM):
         return DecoderConfig.from_any(self.decoder_cfg, **over)
 
     def decode_stats(self) -> dict:
-        """Aggregate of every decode so far (ratios of sums, :func:`mtad.metrics.run_metrics`)."""
+        """Aggregate of every decode so far (ratios of sums, :func:`mtad.measure.metrics.run_metrics`)."""
         stats = run_metrics(self.decode_results)
         stats["decoder"] = self.decoder_cfg.name
         return stats
@@ -208,15 +210,13 @@ def _load_preset(path: Path) -> dict:
 
 def load_models(pair: str | None = None, device: str | None = None, dtype: str | None = None,
                 **model_over: Any) -> ModelPair:
-    """The target/draft pair through :func:`mtad.loading.load_pair`.
+    """The target/draft pair through :func:`mtad.models.load.load_pair`.
 
     ``pair`` names ``conf/model/<pair>.yaml``; without it ``target`` (and ``draft``) are hub ids or local
     directories (``kind: hf``). ``model_over`` are further ModelConfig fields (``draft=null`` drops the
     draft). ``device`` is lm-eval's (``cuda:0`` is the CLI default): CUDA when asked and present, else the
     CPU with a warning, as HFLM does. ``dtype="auto"`` keeps the YAML's dtype.
     """
-    from mtad.loading import ModelConfig, load_pair
-
     if pair:
         path = CONF_DIR / "model" / f"{pair}.yaml"
         if not path.is_file():
@@ -265,7 +265,7 @@ def _fmt(x: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m mtad.lm_eval_backend ARGS``: lm-eval's command line with ``--model mtad`` registered."""
+    """``python -m mtad.harness.lm_eval_backend ARGS``: lm-eval's command line with ``--model mtad`` registered."""
     import sys
 
     from lm_eval.__main__ import cli_evaluate

@@ -1,6 +1,6 @@
 """Micro-benchmark of the decoding core's overhead: the share of decode time spent outside model forwards.
 
-Run ``python -m mtad.bench_core [--json PATH]``. Random llama models built in-process (no files, no hub):
+Run ``python -m mtad.measure.overhead [--json PATH]``. Random llama models built in-process (no files, no hub):
 by default a target of hidden 256 x 4 layers and a draft of hidden 64 x 1 layer over a 4096-token
 vocabulary, so that one forward costs about what a small real model's does on CPU. Each decoder decodes
 ``--prompts`` prompts of ``--new`` tokens after one untimed warm-up; the table reports wall time, time
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from mtad.decoding import generate
-from mtad.pair import ModelPair
+from mtad.models.pair import ModelPair
 
 # (label, decoder config overrides); paper defaults otherwise (T=1, top_k=10, top_p=0.9, gamma=4, W=4)
 DECODERS = [
@@ -87,7 +87,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def parse(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m mtad.bench_core", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m mtad.measure.overhead", description=__doc__.split("\n\n")[0])
     ap.add_argument("--decoders", nargs="*", default=[d for d, _ in DECODERS],
                     help=f"subset of {[d for d, _ in DECODERS]}")
     ap.add_argument("--prompts", type=int, default=3)

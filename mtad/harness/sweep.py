@@ -1,9 +1,9 @@
-"""``python -m mtad.reproduce --profile cpu|quick|paper`` (``make reproduce-table``): run a preset's grid,
-then render ``<results_dir>/tables/<experiment>.md`` and ``.tex`` (:mod:`mtad.table`).
+"""``python -m mtad.harness.sweep --profile cpu|quick|paper`` (``make reproduce-table``): run a preset's grid,
+then render ``<results_dir>/tables/<experiment>.md`` and ``.tex`` (:mod:`mtad.report.table`).
 
 The grid is the preset's ``hydra.sweeper.params`` (the same grid ``python -m mtad -m experiment=<name>``
 runs), expanded the way Hydra's basic sweeper does it (overrides given here replace a swept key), and run
-in this process through Hydra's compose API and :func:`mtad.runner.run`, with a progress bar over the runs.
+in this process through Hydra's compose API and :func:`mtad.harness.runner.run`, with a progress bar over the runs.
 An interrupted sweep resumes: the runner skips every configuration whose hash already has a row, so a second
 invocation only renders the tables. A run that fails is reported and the sweep goes on (the exit status is
 1 when any run failed), unless the first three runs fail with one message (a missing draft or data set):
@@ -18,7 +18,7 @@ bfloat16, ``conf/model/smollm2_bf16.yaml``), ``cpu_bf16_feature`` (those with th
 prompts: about four hours), ``paper`` (the paper's pairs; GPUs). ``--experiment tau|gamma|beam_width|
 temperature`` runs an ablation or control preset instead, with the extra runs its table needs
 (:data:`EXTRA_RUNS`). Before rendering, a cost profile of the pair on this machine
-(:mod:`mtad.costmodel`) is measured into ``<results_dir>/profiles/`` unless one exists
+(:mod:`mtad.measure.costmodel`) is measured into ``<results_dir>/profiles/`` unless one exists
 (``--no-cost-profile`` skips it), so the tables can show the predicted ms/token. Runs launched
 elsewhere (``python -m mtad -m experiment=<name> hydra/launcher=slurm``) have the same config hashes, so
 ``--render-only`` tabulates them and a later invocation here only fills the gaps. Trailing ``key=value``
@@ -33,7 +33,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-log = logging.getLogger("mtad.reproduce")
+from mtad._util.paths import REPO_ROOT
+from mtad.harness.config import experiment_name, register_configs
+from mtad.harness.profile import profile_command
+from mtad.harness.runner import run
+from mtad.harness.store import load_frame
+from mtad.measure.costmodel import find_profiles
+from mtad.report.table import write_tables
+
+log = logging.getLogger("mtad.harness.sweep")
 
 PROFILES = {"quick": ("quick", "quick_controls"), "cpu": ("cpu_table",), "cpu_feature": ("cpu_table_feature",),
             "cpu_bf16": ("cpu_table_bf16",),
@@ -65,8 +73,6 @@ class Summary:
 
 
 def conf_dir() -> Path:
-    from mtad.paths import REPO_ROOT
-
     return REPO_ROOT / "conf"
 
 
@@ -74,8 +80,6 @@ def grid(experiment: str, overrides: Sequence[str] = ()) -> list[list[str]]:
     """Every run of the preset as a list of overrides (``experiment=<name>`` first), baselines last."""
     from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from mtad.config import register_configs
 
     register_configs()
     _check_preset(experiment)
@@ -135,8 +139,6 @@ def _check_preset(experiment: str) -> None:
 def compose_job(job: Sequence[str]):
     from hydra import compose, initialize_config_dir
 
-    from mtad.config import register_configs
-
     register_configs()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         return compose("config", overrides=list(job))
@@ -147,10 +149,7 @@ def reproduce(experiment: str, overrides: Sequence[str] = (), tables_dir: str | 
               profile_reps: int = 10) -> Summary:
     """Run the preset's grid (resuming), measure the pair's cost profile if this machine has none
     (``cost_profile``), then write the tables. Returns what happened."""
-    from mtad.runner import run
-
     jobs = grid(experiment, overrides)
-    from mtad.config import experiment_name
 
     first = compose_job(jobs[0])
     name = experiment_name(first)  # `name=X` among the overrides renames the results file and the tables
@@ -167,8 +166,6 @@ def reproduce(experiment: str, overrides: Sequence[str] = (), tables_dir: str | 
     if not results_file.exists():
         raise FileNotFoundError(f"{results_file} holds no rows: every run failed ({len(summary.failed)}); "
                                 "see the errors above")
-    from mtad.results import load_frame
-    from mtad.table import write_tables
 
     frame = load_frame(results_file)
     if cost_profile and run_grid:
@@ -181,9 +178,6 @@ def reproduce(experiment: str, overrides: Sequence[str] = (), tables_dir: str | 
 def ensure_cost_profile(job: Sequence[str], frame, out_dir: Path, reps: int = 10) -> Path | None:
     """Measure the cost profile of the job's pair on this machine into ``out_dir`` unless a profile there
     (or under the repository's results/profiles) already matches a row with forward counts."""
-    from mtad.costmodel import find_profiles, profile_command
-    from mtad.paths import REPO_ROOT
-
     if not any(c.startswith("metrics.forward_calls.") for c in frame.columns):
         return None  # rows from before forward counts were recorded: nothing to predict
     profiles = find_profiles([out_dir, REPO_ROOT / "results" / "profiles"])
@@ -191,7 +185,7 @@ def ensure_cost_profile(job: Sequence[str], frame, out_dir: Path, reps: int = 10
     if all(any(p.matches(r.get("device_name"), r.get("model.name"), r.get("num_threads")) for p in profiles)
            for _, r in rows.iterrows()):
         return None
-    log.info("measuring the cost profile of this machine and pair (python -m mtad.costmodel profile ...)")
+    log.info("measuring the cost profile of this machine and pair (python -m mtad.harness.profile profile ...)")
     return profile_command([o for o in job], out_dir, reps)
 
 
@@ -245,7 +239,7 @@ def _bar(total: int, name: str, enabled: bool):
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m mtad.reproduce", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m mtad.harness.sweep", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", choices=sorted(PROFILES), default="cpu",
                    help="quick: tiny pair, minutes; cpu: embedded SmolLM2 pair, <1 h on 2 cores; cpu_feature: the "
@@ -266,7 +260,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("mtad.energy").setLevel(logging.WARNING)  # the source is in every row; once per prompt is noise
+    # the energy source is in every row; logging it once per prompt is noise
+    logging.getLogger("mtad.measure.energy").setLevel(logging.WARNING)
     experiments = (args.experiment,) if args.experiment else PROFILES[args.profile]
     done = []
     try:
@@ -282,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 done.append(reproduce(experiment, args.overrides, args.tables_dir, run_grid=not args.render_only,
                                       progress=not args.no_progress, cost_profile=not args.no_cost_profile))
     except (ValueError, FileNotFoundError) as err:
-        print(f"mtad.reproduce: error: {err}", file=sys.stderr)
+        print(f"mtad.harness.sweep: error: {err}", file=sys.stderr)
         return 2
     for s in done:
         print(f"{s.experiment}: {s.ran} runs done, {s.skipped} already had a row, {len(s.failed)} failed; "

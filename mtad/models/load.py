@@ -15,9 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
-from mtad.cfgutil import field_values
-from mtad.pair import ModelPair
-from mtad.paths import REPO_ROOT
+from mtad._util.cfg import field_values
+from mtad._util.paths import REPO_ROOT
+from mtad.models import smollm2
+from mtad.models.draft_head import HEAD_MODES, install_head
+from mtad.models.feature_draft import FeatureDraft, is_feature_config
+from mtad.models.pair import ModelPair
+from mtad.models.quantize import QUANTIZE, quantize_target
+from mtad.models.tiny import tiny_pair
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +53,8 @@ class ModelConfig:
     gpus: int = 0  # GPUs a job needs (SLURM sizing)
     tiny_arch: str = "llama"  # kind=tiny: llama | opt
     seed: int = 0  # kind=tiny: weights seed
-    quantize: str = "none"  # none | int8: the target's Linear layers in torch dynamic int8 (CPU; mtad.quantize)
-    draft_head: str = "full"  # full | int8 | reduced | reduced_int8: the draft's output head (mtad.draft_head)
+    quantize: str = "none"  # none | int8: the target's Linear layers in torch dynamic int8 (CPU; mtad.models.quantize)
+    draft_head: str = "full"  # full | int8 | reduced | reduced_int8: the draft's output head (mtad.models.draft_head)
 
     def __post_init__(self) -> None:
         def bad(key: str, allowed: str) -> None:
@@ -75,8 +80,6 @@ class ModelConfig:
             bad("target", "a hub id or a local directory when kind is 'hf'")
         if self.kind == "tiny" and self.tiny_arch not in ("llama", "opt"):
             bad("tiny_arch", "'llama' or 'opt'")
-        from mtad.draft_head import HEAD_MODES
-        from mtad.quantize import QUANTIZE
 
         if self.quantize not in QUANTIZE:
             bad("quantize", str(QUANTIZE))
@@ -124,9 +127,6 @@ def _warn_slow_bf16(cfg: "ModelConfig", pair: ModelPair) -> None:
 
 def _cheaper_passes(cfg: ModelConfig, pair: ModelPair) -> None:
     """``model.draft_head`` on the draft (after it is tied), then ``model.quantize`` on the target."""
-    from mtad.draft_head import install_head
-    from mtad.quantize import quantize_target
-
     if pair.draft is not None:
         local = resolve_local(cfg.draft) if cfg.draft else None
         if cfg.draft_head != "full" and next(pair.draft.parameters()).device.type != "cpu" and "int8" in cfg.draft_head:
@@ -141,8 +141,6 @@ def _cheaper_passes(cfg: ModelConfig, pair: ModelPair) -> None:
 # ----------------------------------------------------------------------------- kinds
 
 def _load_tiny(cfg: ModelConfig) -> ModelPair:
-    from mtad.tiny import tiny_pair
-
     pair = tiny_pair(cfg.tiny_arch, seed=cfg.seed, attn_implementation=cfg.attn_implementation)
     device = resolve_device(cfg.device)
     pair.target = pair.target.to(device=device, dtype=_dtype(cfg.dtype))
@@ -152,8 +150,6 @@ def _load_tiny(cfg: ModelConfig) -> ModelPair:
 
 
 def _load_smollm2(cfg: ModelConfig) -> ModelPair:
-    from mtad import smollm2
-
     device = resolve_device(cfg.device)
     target, tok = smollm2.load(dtype=cfg.dtype, device=str(device), attn_implementation=cfg.attn_implementation)
     draft = None
@@ -161,7 +157,7 @@ def _load_smollm2(cfg: ModelConfig) -> ModelPair:
         path = resolve_local(cfg.draft)
         if path is None:
             raise FileNotFoundError(
-                f"model.draft={cfg.draft!r}: no such directory; train it with `python -m mtad.train_draft` "
+                f"model.draft={cfg.draft!r}: no such directory; train it with `python -m mtad.train.trainer` "
                 f"(writes {DEFAULT_SMOLLM2_DRAFT}) or set model.draft=null for a target-only run")
         draft = load_tied_draft(path, target, cfg.draft_dtype or cfg.dtype, cfg.attn_implementation)
     return ModelPair(target=target, draft=draft, tokenizer=tok, name=cfg.name,
@@ -316,25 +312,23 @@ def tie_to_target(draft, target) -> None:
 
 
 def load_tied_draft(path: Path, target, dtype: str = "float32", attn_implementation: str = "sdpa"):
-    """A draft saved without its embedding (``mtad.train_draft.export``), re-tied to ``target``'s embedding/head."""
+    """A draft saved without its embedding (``mtad.train.trainer.export``), re-tied to ``target``'s embedding/head."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from mtad.feature_draft import FeatureDraft, is_feature_config
 
     path = Path(path)
     weights = path / "model.safetensors"
     if not weights.is_file() or not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} lacks config.json/model.safetensors: re-export it with "
-                                "`python -m mtad.train_draft` (a finished run exports on resume)")
+                                "`python -m mtad.train.trainer` (a finished run exports on resume)")
     config = AutoConfig.from_pretrained(path)
     for key in ("vocab_size", "hidden_size"):
         a, b = getattr(config, key), getattr(target.config, key)
         if a != b:
             raise ValueError(f"draft {path} has {key}={a} but the target has {b}: it was trained for another target")
     with torch.random.fork_rng(devices=[]):
-        if is_feature_config(config):  # reads the target's hidden states (mtad.feature_draft)
+        if is_feature_config(config):  # reads the target's hidden states (mtad.models.feature_draft)
             config._attn_implementation = attn_implementation
             draft = FeatureDraft(config).to(_dtype(dtype))
         else:

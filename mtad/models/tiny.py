@@ -5,7 +5,7 @@ fixtures of the test suite. Randomness is local: ``torch.random.fork_rng`` keeps
 """
 from __future__ import annotations
 
-from mtad.pair import ModelPair
+from mtad.models.pair import ModelPair
 
 BYTE_TOKENS = 256
 SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>", "<|im_start|>")

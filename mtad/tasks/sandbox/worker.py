@@ -1,7 +1,7 @@
-"""Supervisor of one untrusted program (standard library only; see ``sandbox.py`` for what it guarantees).
+"""Supervisor of one untrusted program (standard library only; see ``client.py`` for what it guarantees).
 
-``python -I sandbox_worker.py`` reads a JSON job on stdin and prints one JSON verdict line on stdout. It
-starts the candidate (``sandbox_serve.py``) in a jail, sends it the program, then — for a HumanEval job —
+``python -I worker.py`` reads a JSON job on stdin and prints one JSON verdict line on stdout. It
+starts the candidate (``serve.py``) in a jail, sends it the program, then — for a HumanEval job —
 runs the tests itself, in this process, calling the candidate through a pipe. The candidate never holds
 the tests, the verdict or this process's stdout.
 
@@ -32,9 +32,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import sandbox_serve as wire  # noqa: E402 - a sibling script, not a package import
+import serve as wire  # noqa: E402 - a sibling script, not a package import
 
-SERVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_serve.py")
+SERVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.py")
 SETUP_FAILED = 97
 INSIDE_ID = 1000  # the candidate's uid/gid inside its user namespace
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000

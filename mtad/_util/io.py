@@ -1,0 +1,77 @@
+"""All-or-nothing file writes: a crash or Ctrl-C leaves the old file or folder, never half of a new one."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename inside ``directory`` durable (where the filesystem lets a directory be fsynced)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write(path: str | Path, data: bytes | str | Callable[[str], None]) -> None:
+    """Write ``data`` (bytes, text, or a function that writes a given file name, e.g. ``torch.save``) to a
+    temp file beside ``path``, fsync it, then ``os.replace`` it over ``path``. The file keeps the mode of
+    the one it replaces (a new file gets 0644)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        if callable(data):
+            os.close(fd)
+            data(tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        else:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data.encode() if isinstance(data, str) else data)
+                f.flush()
+                os.fsync(f.fileno())
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
+        os.replace(tmp, path)
+    except BaseException:  # the old file stays, the temp file goes
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_replace_dir(directory: str | Path, build: Callable[[Path], None]) -> Path:
+    """Run ``build(tmp)`` in a sibling temp folder, then swap it in for ``directory`` (the old one is removed
+    only after the new one is in place); a failing ``build`` leaves ``directory`` as it was."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    tmp.chmod(0o755)
+    try:
+        build(tmp)
+        old = directory.with_name(f".{directory.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if directory.exists():
+            directory.rename(old)
+        tmp.rename(directory)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    fsync_dir(directory.parent)
+    return directory
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 hex of a file's bytes (as stored, so a .gz file is hashed compressed), read in 4 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
