@@ -1,1 +1,1 @@
-"""_util"""
+"""Layer 0: helpers every layer may use (paths, strict config building, atomic writes, the version)."""
