@@ -45,8 +45,8 @@ bench: $(STAMP)  ## speed benchmark vs Hugging Face generate/assisted generation
 bench-core: $(STAMP)  ## decoding-core overhead micro-benchmark on tiny models
 	$(PY) -m mtad.measure.overhead $(ARGS)
 
-train-draft: $(STAMP)  ## distil the SmolLM2 draft (checkpointed, resumable; see models/smollm2-draft/MODEL_CARD.md)
-	HF_HUB_OFFLINE=1 $(PY) -m mtad.train.trainer $(ARGS)
+train-draft: $(STAMP)  ## distil a draft: the committed feature draft's recipe by default (ARGS="recipe=token_cache ..."; conf/train/, models/*/MODEL_CARD.md)
+	HF_HUB_OFFLINE=1 $(PY) -m mtad.train $(ARGS)
 
 gpu-check: $(STAMP)  ## on a GPU machine: GPU tests + a short NVML-measured sweep, rows under results/gpu/ (ARGS=--cpu-dry-run: on the CPU)
 	PY=$(PY) bash experiments/gpu_check.sh $(ARGS)
