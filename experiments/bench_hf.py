@@ -26,7 +26,7 @@ c = (one draft step) / (one KV-cached target step). mtad's first draft step runs
 other gamma - 1 steps carry W beams, so its draft cost is c + (gamma - 1) c_W instead of gamma c. v = (one
 target pass over gamma + 1 new tokens) / (one target step): Leviathan et al. take v = 1 (verification as
 cheap as one step, true on a GPU); on a CPU v is about 2, so we measure it.
-Costs come from a micro-benchmark of the models through ``mtad.decoding.kv.Session`` at the mean prompt
+Costs come from a micro-benchmark of the models (``mtad.measure.timing.time_forwards``) at the mean prompt
 length. The bound models decoding steps only, so the measured speed-up it is compared with has the prompt
 prefill of every call (also micro-benchmarked) taken out of both sides; the raw ratio is kept as
 ``measured_speedup_with_prefill``. A fraction near 1 means the implementation reaches what its acceptance rate
@@ -44,11 +44,12 @@ import logging
 import math
 import statistics
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+
+from mtad.measure.timing import Shape, time_forwards, timed
 
 log = logging.getLogger("bench_hf")
 
@@ -138,9 +139,8 @@ def interleaved(pair, plist, fns: dict, repeats: int) -> dict:
     for rep in range(repeats):
         for i, ids in enumerate(plist):
             for name, fn in fns.items():
-                t0 = time.perf_counter()
-                toks, extra = fn(pair, ids, 1000 * rep + i)
-                tot[name]["seconds"] += time.perf_counter() - t0
+                seconds, (toks, extra) = timed(fn, pair, ids, 1000 * rep + i, device=pair.device)
+                tot[name]["seconds"] += seconds
                 tot[name]["tokens"] += len(toks)
                 tot[name]["outputs"].append(toks)
                 for k, v in extra.items():
@@ -153,44 +153,17 @@ def tps(side: dict) -> float:
 
 
 def step_costs(pair, plist, gamma: int, W: int, reps: int = 12) -> dict:
-    """Seconds of: a target step, a target pass over gamma + 1 tokens, a draft step, a W-beam draft step
-    (medians over ``reps``), at the mean prompt length, through ``mtad.decoding.kv.Session``."""
-    from mtad.decoding.kv import Session, Stats
-    from mtad.models.feature_draft import timing_session
-
+    """Seconds of: a prefill of the mean prompt length, a target step, a target pass over gamma + 1 tokens, a
+    draft step, a W-beam draft step, after a context of the mean prompt length (``reps`` interleaved rounds,
+    trimmed means: :func:`mtad.measure.timing.time_forwards`)."""
     L = int(statistics.mean(len(p) for p in plist))
-    ids = (plist[0] * (L // len(plist[0]) + 1))[:L]
-
-    def timed(fn) -> float:
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-
-    with torch.inference_mode():
-        out = {"target_prefill": timed(lambda: Session(pair.target, Stats(), "target").forward(ids))}
-        t = Session(pair.target, Stats(), "target")
-        t.forward(ids)
-        out["target_step"] = timed(lambda: t.forward([ids[-1]]))
-        t.sync(ids + [0])
-
-        def verify():
-            t.forward([ids[-1]] * (gamma + 1), keep=gamma + 1)
-            t.sync(ids + [0])
-
-        out["target_verify"] = timed(verify)
-        if pair.draft is not None:
-            out["draft_prefill"] = timed(lambda: timing_session(pair.draft, Stats(), "draft").forward(ids))
-            d = timing_session(pair.draft, Stats(), "draft")
-            d.forward(ids)
-            out["draft_step"] = timed(lambda: d.forward([ids[-1]]))
-            d.sync(ids + [0])
-            d.expand(W)
-            beams = torch.full((W,), ids[-1], dtype=torch.long)
-            out["draft_beam_step"] = timed(lambda: d.forward_beams(beams))
-    return out
+    jobs = {"target_prefill": (pair.target, Shape("target", 0, L)),
+            "target_step": (pair.target, Shape("target", L, 1)),
+            "target_verify": (pair.target, Shape("target", L, gamma + 1, keep=gamma + 1))}
+    if pair.draft is not None:
+        jobs |= {"draft_prefill": (pair.draft, Shape("draft", 0, L)), "draft_step": (pair.draft, Shape("draft", L, 1)),
+                 "draft_beam_step": (pair.draft, Shape("draft", L, 1, rows=W))}
+    return time_forwards(jobs, plist[0], reps)
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -313,22 +286,19 @@ def bounds(pair, plist, args, measured: dict, base: dict) -> list[dict]:
 
 
 def cost_table(args) -> list[dict]:
-    """Step costs in one interleaved run (each round times every variant once, medians over rounds):
+    """Step costs in one interleaved run (each round times every variant once, trimmed means over rounds):
     target 1-token step and (gamma+1)-token verify pass, fp32, int8 and bf16; draft 1-token step for every head
     mode (and bf16 layers with the reduced int8 head). Ratios are to the fp32 target step of the same run."""
     from mtad._util.paths import REPO_ROOT
-    from mtad.decoding.kv import Session, Stats
     from mtad.harness.store import environment_info, git_info
     from mtad.models import smollm2
     from mtad.models.draft_head import install_head
-    from mtad.models.feature_draft import timing_session
     from mtad.models.load import ModelConfig, load_pair, load_tied_draft, resolve_local
     from mtad.models.quantize import quantize_target
 
     pair = load_pair(ModelConfig(name="smollm2", kind="smollm2", draft=args.draft, device="cpu", chat_template=True))
     plist = prompts(pair, args.prompts, False)
     L = int(statistics.mean(len(p) for p in plist))
-    ids = (plist[0] * (L // len(plist[0]) + 1))[:L]
     targets = {"fp32": pair.target, "int8": quantize_target(smollm2.load(dtype="float32", device="cpu")[0], "int8"),
                "bf16": smollm2.load(dtype="bfloat16", device="cpu")[0]}
     path = resolve_local(args.draft)
@@ -344,53 +314,25 @@ def cost_table(args) -> list[dict]:
         drafts["bf16_reduced_int8"] = load_tied_draft(path, targets["bf16"], "bfloat16")
         install_head(drafts["bf16_reduced_int8"], "reduced_int8", path)
     g = args.gamma + 1
-    sessions, fns = {}, {}
-    with torch.inference_mode():
-        for name, model in targets.items():
-            t = sessions[name] = Session(model, Stats(), "target")
-            t.forward(ids)
-            t.sync(ids + [0])
-
-            def step(t=t):
-                t.forward([ids[-1]])
-                t.sync(ids + [0])
-
-            def verify(t=t):
-                t.forward([ids[-1]] * g, keep=g)
-                t.sync(ids + [0])
-
-            fns[f"target_{name}_step"], fns[f"target_{name}_verify"] = step, verify
-        for mode, model in drafts.items():
-            d = timing_session(model, Stats(), "draft")
-            d.forward(ids)
-            d.sync(ids + [0])
-
-            def dstep(d=d):
-                d.forward([ids[-1]])
-                d.sync(ids + [0])
-
-            fns[f"draft_{mode}_step"] = dstep
-        for fn in fns.values():  # warm-up
-            fn()
-        times = {k: [] for k in fns}
-        for _ in range(args.cost_reps):
-            for k, fn in fns.items():
-                t0 = time.perf_counter()
-                fn()
-                times[k].append(time.perf_counter() - t0)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    ref = med["target_fp32_step"]
+    jobs = {}
+    for name, model in targets.items():
+        jobs[f"target_{name}_step"] = (model, Shape("target", L, 1))
+        jobs[f"target_{name}_verify"] = (model, Shape("target", L, g, keep=g))
+    for mode, model in drafts.items():
+        jobs[f"draft_{mode}_step"] = (model, Shape("draft", L, 1))
+    secs = time_forwards(jobs, plist[0], args.cost_reps)
+    ref = secs["target_fp32_step"]
     sha, dirty = git_info(REPO_ROOT)
     row = {"timestamp": datetime.now(UTC).isoformat(timespec="seconds"), "pair": "smollm2", "bench": "costs",
            "draft": args.draft, "context_tokens": L, "gamma": args.gamma, "reps": args.cost_reps,
-           "seconds": med, "ratio_to_fp32_step": {k: v / ref for k, v in med.items()},
-           "verify_over_step": {q: med[f"target_{q}_verify"] / med[f"target_{q}_step"] for q in targets},
+           "seconds": secs, "ratio_to_fp32_step": {k: v / ref for k, v in secs.items()},
+           "verify_over_step": {q: secs[f"target_{q}_verify"] / secs[f"target_{q}_step"] for q in targets},
            "git_sha": sha, "git_dirty": dirty, **environment_info([pair.device])}
     return [row]
 
 
 def report_costs(row: dict) -> str:
-    lines = [f"step costs at {row['context_tokens']} context tokens, medians of {row['reps']} interleaved rounds",
+    lines = [f"step costs at {row['context_tokens']} context tokens, trimmed means of {row['reps']} interleaved rounds",
              f"{'step':<26} {'ms':>8} {'/ fp32 target step':>19}"]
     for k, v in row["seconds"].items():
         lines.append(f"{k:<26} {1e3 * v:>8.2f} {row['ratio_to_fp32_step'][k]:>19.3f}")

@@ -7,7 +7,7 @@
 #      results/gpu/tables/, a log. Limits: tests 150 s, sweep 360 s, profile 120 s (fits a 10-minute run).
 #   3. OPTIONAL, only when it exists: the GPU cost profile of the cost model (issue 10). Set
 #      GPU_CHECK_PROFILE_CMD to its command, or it runs `python -m $GPU_CHECK_PROFILE_MODULE` (default
-#      mtad.measure.costmodel) with $GPU_CHECK_PROFILE_ARGS when that module is installed; otherwise it says "skipped".
+#      mtad.harness.profile) with $GPU_CHECK_PROFILE_ARGS when that module is installed; otherwise it says "skipped".
 #   A summary table of the rows at the end; the exit status is non-zero when any step fails.
 #
 #   --cpu-dry-run (or GPU_CHECK_DRY_RUN=1): the same steps on the CPU (2 prompts, 16 new tokens, rows in
@@ -72,7 +72,7 @@ timeout "$SWEEP_LIMIT" "$PY" -m mtad.harness.sweep --experiment cpu_table --no-p
     || FAILED+=("sweep")
 
 echo "== 3/3 (optional) GPU cost profile for the cost model"
-PROFILE_MODULE="${GPU_CHECK_PROFILE_MODULE:-mtad.measure.costmodel}"
+PROFILE_MODULE="${GPU_CHECK_PROFILE_MODULE:-mtad.harness.profile}"
 if [ -n "${GPU_CHECK_PROFILE_CMD:-}" ]; then
     timeout 120 bash -c "$GPU_CHECK_PROFILE_CMD" || FAILED+=("cost profile")
 elif "$PY" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('$PROFILE_MODULE') else 1)" 2>/dev/null; then

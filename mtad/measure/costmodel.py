@@ -2,7 +2,8 @@
 
 ``python -m mtad.harness.profile profile model=<pair> [num_threads=1] [model.device=cuda] [--reps 10]`` measures,
 once per hardware and model pair, what one forward pass costs for every shape the decoders use, and writes
-``results/profiles/<hardware>-<pair>.json`` (:class:`Profile`):
+``results/profiles/<hardware>-<pair>.json`` (:class:`Profile`; :func:`measure`, every forward timed by
+:func:`mtad.measure.timing.time_forwards`):
 
 - target and draft, one row, ``S`` new tokens: S = 1..gamma+2 (decode and verify widths) and prompt
   lengths up to 512 (prefill, from an empty cache);
@@ -26,16 +27,16 @@ import json
 import logging
 import re
 import statistics
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from mtad.decoding import DecoderConfig, generate
+import torch
+
+from mtad.decoding import DecoderConfig
 from mtad.decoding.core import DECODERS, NEEDS_DRAFT, context_limit
-from mtad.decoding.kv import Session, Stats
-from mtad.models.feature_draft import timing_session
+from mtad.measure.timing import Shape, time_decodes, time_forwards
 
 log = logging.getLogger("mtad.measure.costmodel")
 
@@ -184,7 +185,7 @@ def find_profiles(dirs: Sequence[str | Path]) -> list[Profile]:
     return out
 
 
-# ------------------------------------------------------------------------------------------- measuring
+# ------------------------------------------------------------------------------------------- files
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
@@ -194,115 +195,59 @@ def profile_path(out_dir: str | Path, hardware: str, pair: str, num_threads: int
     return Path(out_dir) / f"{_slug(hardware)}{threads}-{_slug(pair)}.json"
 
 
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+# ------------------------------------------------------------------------------------------- measuring
+def profile_shapes(role: str, gamma: int, W: int, context: int, max_positions: int | None) -> list[Shape]:
+    """The forwards a profile measures for one model (module docstring), in curve order."""
+    limit = max_positions or 10 ** 9
+    return ([Shape(role, context, n) for n in range(1, gamma + 3)]  # decode and verify widths
+            + [Shape(role, 0, n) for n in SEQ_EXTRA if n <= limit]  # prefills
+            + [Shape(role, context, 1, rows=B) for B in range(2, W + 1)]  # one token in each of B beam rows
+            + [Shape(role, context, N, tree=True, keep=0)  # a star of N nodes below the last context token
+               for N in TREE_SIZES if N <= limit - context - 2])
 
 
 def measure_model(model, role: str, gamma: int, W: int, context: int, reps: int, vocab: int,
                   max_positions: int | None) -> dict[str, list[list[float]]]:
-    """The cost curves of one model (see the module docstring), through the decoders' own Session calls.
-    Shapes are timed in rounds (every shape once per round, ``reps`` rounds after a warm-up round, more
-    until ``MIN_SECONDS`` have passed, so that millisecond forwards are averaged over many rounds), so a
-    change in the machine's load shifts every shape alike; a cost is the 10 %-trimmed mean over the rounds
-    **[choice: a run's ms/token is a mean too, preemptions on a shared machine included; the median would
-    leave them out of the profile but not out of the runs]**."""
-    import torch
-
-    g = torch.Generator().manual_seed(0)
-    ctx = torch.randint(3, vocab, (context,), generator=g).tolist()
-    device = model.get_input_embeddings().weight.device
-    room = (max_positions or 10 ** 9) - context - 2
-
-    def fresh(rows: int = 1) -> Session:
-        s = timing_session(model, Stats(), role)
-        s.forward(ctx)
-        if rows > 1:
-            s.expand(rows)
-        return s
-
-    def nothing() -> None:
-        pass
-
-    shapes = []  # (curve key, tokens, untimed preparation, timed forward)
-    seq = fresh()
-    for n in range(1, gamma + 3):  # decode and verify widths at a context of `context` tokens
-        shapes.append((f"{role}:seq:1", n, lambda s=seq: s.sync(ctx),  # cache back to ctx[:-1]
-                       lambda s=seq, ids=[ctx[-1]] + ctx[1:n]: s.forward(ids)))
-    for n in SEQ_EXTRA:  # prefill of n tokens into an empty cache
-        if n <= (max_positions or 10 ** 9):
-            ids = (ctx * (n // len(ctx) + 1))[:n]
-            shapes.append((f"{role}:seq:1", n, nothing,
-                           lambda ids=ids: timing_session(model, Stats(), role).forward(ids)))
-    for B in range(2, W + 1):  # one token in each of B beam rows
-        shapes.append((f"{role}:seq:{B}", 1, nothing,
-                       lambda s=fresh(B), tok=torch.tensor(ctx[:B]): s.forward_beams(tok)))
-    tree = fresh()
-    for N in (N for N in TREE_SIZES if N <= room):  # a star of N nodes below the last context token
-        shapes.append((f"{role}:tree:1", N, lambda s=tree: s.keep_path([]),  # drop the last pass's nodes
-                       lambda s=tree, nodes=ctx[:N]: s.forward_tree(nodes, [len(s.ids) - 1] * len(nodes))))
-    times: list[list[float]] = [[] for _ in shapes]
-    start, r = time.perf_counter(), 0
-    while r <= reps or time.perf_counter() - start < MIN_SECONDS:  # round 0 warms up
-        for i, (_, _, prep, fn) in enumerate(shapes):
-            prep()
-            _sync(device)
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            if r:
-                times[i].append(1e3 * (time.perf_counter() - t0))
-        r += 1
+    """The cost curves of one model, ``{"<role>:<seq|tree>:<rows>": [[new tokens, ms], ...]}``: every shape
+    of :func:`profile_shapes` timed in rounds (``reps`` rounds, more until ``MIN_SECONDS`` have passed, so
+    that millisecond forwards are averaged over many rounds), over random context tokens."""
+    tokens = torch.randint(3, vocab, (context,), generator=torch.Generator().manual_seed(0)).tolist()
+    shapes = profile_shapes(role, gamma, W, context, max_positions)
+    seconds = time_forwards({i: (model, s) for i, s in enumerate(shapes)}, tokens, reps, MIN_SECONDS)
     costs: dict[str, list[list[float]]] = {}
-    for (key, n, _, _), ts in zip(shapes, times):
-        costs.setdefault(key, []).append([n, _trimmed_mean(ts)])
+    for i, shape in enumerate(shapes):
+        curve, new = shape.key.rsplit("x", 1)
+        costs.setdefault(curve, []).append([int(new), 1e3 * seconds[i]])
     return costs
-
-
-def _trimmed_mean(xs: Sequence[float], cut: float = 0.1) -> float:
-    """Mean without the lowest and highest ``cut`` share (one stray preemption does not decide a cost)."""
-    xs = sorted(xs)
-    k = int(len(xs) * cut)
-    return statistics.fmean(xs[k:len(xs) - k] if len(xs) > 2 * k else xs)
 
 
 def measure_overheads(pair, decoders: Sequence[str], context: int, new_tokens: int = 24,
                       decodes: int = 2) -> dict[str, float]:
     """Harness ms per target forward of each decoder: (wall - time inside forwards) / target forwards,
-    pooled over ``decodes`` short decodes after a warm-up one."""
-    import torch
-
-    g = torch.Generator().manual_seed(1)
+    pooled over ``decodes`` short decodes of one random prompt after a warm-up one."""
     vocab = pair.target.get_output_embeddings().weight.shape[0]
-    prompt = torch.randint(3, vocab, (context,), generator=g).tolist()
+    prompt = torch.randint(3, vocab, (context,), generator=torch.Generator().manual_seed(1)).tolist()
     out = {}
     for name in decoders:
         cfg = DecoderConfig(name=name, max_new_tokens=new_tokens, temperature=0.0 if name == "greedy" else 1.0,
                             eos_token_id=-1)
-        rs = [generate(pair, prompt, cfg, torch.Generator(device=pair.device).manual_seed(seed))
-              for seed in range(decodes + 1)][1:]  # the first decode is a warm-up
-        harness = sum(max(0.0, r.wall_time_s - r.forward_time_s) for r in rs)
-        out[name] = 1e3 * harness / max(sum(r.target_forwards for r in rs), 1)
+        tot = time_decodes(pair, cfg, [prompt] * decodes, range(1, decodes + 1))
+        out[name] = 1e3 * max(0.0, tot["wall_s"] - tot["forward_s"]) / max(tot["target_forwards"], 1)
     return out
 
 
 def measure(pair, hardware: str, num_threads: int | None, gamma: int = 4, W: int = 4, context: int = 128,
             reps: int = 10, decoders: Sequence[str] | None = None) -> Profile:
     """Measure a :class:`Profile` of a loaded pair (``gamma``/``W``: the widest verify and beam counts)."""
-    import torch
-
     vocab = pair.target.get_output_embeddings().weight.shape[0]
     limit = context_limit(pair.target)
     if limit is not None and context + 64 > limit:
         context = max(8, limit // 2)
     costs = {}
-    with torch.inference_mode():
-        for role, model in (("target", pair.target), ("draft", pair.draft)):
-            if model is not None:
-                log.info("measuring %s forwards", role)
-                costs.update(measure_model(model, role, gamma, W, context, reps, vocab, limit))
+    for role, model in (("target", pair.target), ("draft", pair.draft)):
+        if model is not None:
+            log.info("measuring %s forwards", role)
+            costs.update(measure_model(model, role, gamma, W, context, reps, vocab, limit))
     if decoders is None:
         decoders = [d for d in sorted(DECODERS) if pair.draft is not None or d not in NEEDS_DRAFT]
     log.info("measuring harness overhead of %s", ", ".join(decoders))

@@ -3,10 +3,10 @@
 Run ``python -m mtad.measure.overhead [--json PATH]``. Random llama models built in-process (no files, no hub):
 by default a target of hidden 256 x 4 layers and a draft of hidden 64 x 1 layer over a 4096-token
 vocabulary, so that one forward costs about what a small real model's does on CPU. Each decoder decodes
-``--prompts`` prompts of ``--new`` tokens after one untimed warm-up; the table reports wall time, time
-inside model forwards (``DecodeResult.forward_time_s``), the overhead share ``1 - forward / wall``,
-tokens/s and block efficiency (tokens per target forward). The aim (issue "Decoding core"): overhead
-under 15% for ``speculative`` and ``mtad`` on CPU.
+``--prompts`` prompts of ``--new`` tokens after one untimed warm-up (:func:`mtad.measure.timing.time_decodes`);
+the table reports wall time, time inside model forwards (``DecodeResult.forward_time_s``), the overhead share
+``1 - forward / wall``, tokens/s and block efficiency (tokens per target forward). The aim (issue "Decoding
+core"): overhead under 15% for ``speculative`` and ``mtad`` on CPU.
 
 Random weights make the draft a poor predictor (acceptance near 0); ``--draft same`` uses the target as
 its own draft (acceptance near 1), the other extreme of the loop's bookkeeping.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from mtad.decoding import generate
+from mtad.measure.timing import time_decodes
 from mtad.models.pair import ModelPair
 
 # (label, decoder config overrides); paper defaults otherwise (T=1, top_k=10, top_p=0.9, gamma=4, W=4)
@@ -60,15 +60,8 @@ def build_pair(args) -> ModelPair:
 
 def bench_one(pair: ModelPair, overrides: dict, prompts: list[list[int]], new: int) -> dict:
     """Decode every prompt once (after one untimed warm-up) and sum the costs."""
-    generate(pair, prompts[0], dict(overrides, max_new_tokens=8), torch.Generator().manual_seed(99))
-    tot = dict(wall_s=0.0, forward_s=0.0, tokens=0, target_forwards=0, draft_forwards=0)
-    for i, prompt in enumerate(prompts):
-        r = generate(pair, prompt, dict(overrides, max_new_tokens=new), torch.Generator().manual_seed(i))
-        tot["wall_s"] += r.wall_time_s
-        tot["forward_s"] += r.forward_time_s
-        tot["tokens"] += r.num_tokens
-        tot["target_forwards"] += r.target_forwards
-        tot["draft_forwards"] += r.draft_forwards
+    tot = time_decodes(pair, dict(overrides, max_new_tokens=new), prompts, range(len(prompts)),
+                       warmup=dict(overrides, max_new_tokens=8))
     tot["overhead_share"] = 1.0 - tot["forward_s"] / tot["wall_s"]
     tot["tokens_per_s"] = tot["tokens"] / tot["wall_s"]
     tot["block_efficiency"] = tot["tokens"] / max(tot["target_forwards"], 1)
