@@ -24,8 +24,11 @@ import pytest
 
 from mtad._util.paths import REPO_ROOT
 from mtad.harness import sweep as reproduce
+from mtad.harness.rows import flatten_dict
 from mtad.harness.store import load_frame, load_results
-from mtad.report import table
+from mtad.report.claims import claims
+from mtad.report.frame import prepare
+from mtad.report.render import render_markdown, write_tables
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results_small.jsonl"
 PRESETS = sorted(p.stem for p in (REPO_ROOT / "conf" / "experiment").glob("*.yaml"))
@@ -38,8 +41,6 @@ def _rows() -> list[dict]:
 
 def _frame(rows: list[dict]):
     import pandas as pd
-
-    from mtad.harness.store import flatten_dict
 
     return pd.DataFrame([flatten_dict(r) for r in rows])
 
@@ -97,7 +98,7 @@ def test_grids_expand_like_hydra_with_baselines_and_overrides():
 
 # ------------------------------------------------------------------------------------------- table
 def test_tables_written_from_fixture_and_speedup_joins_rows_on_fields(tmp_path):
-    md, tex = table.write_tables(load_frame(FIXTURE), tmp_path, "fx")
+    md, tex = write_tables(load_frame(FIXTURE), tmp_path, "fx")
     text, latex = md.read_text(), tex.read_text()
     assert md.name == "fx.md" and tex.name == "fx.tex"
     for task in ("gsm8k", "humaneval", "mt_bench"):
@@ -110,11 +111,11 @@ def test_tables_written_from_fixture_and_speedup_joins_rows_on_fields(tmp_path):
         m = next(r for r in rows if r["decoder"]["name"] == "mtad" and r["task"]["name"] == task)
         s = next(r for r in rows if r["decoder"]["name"] == "speculative" and r["task"]["name"] == task)
         expected = s["metrics"]["ms_per_token"] / m["metrics"]["ms_per_token"]
-        df = table.prepare(load_frame(FIXTURE))
+        df = prepare(load_frame(FIXTURE))
         got = df[(df.variant.str.startswith("mtad (gamma=4, beam_width=4, tau=0.5)")) & (df.task == task)]
         assert got.speedup.iloc[0] == pytest.approx(expected)
     # the joined figure is what the markdown shows for that row
-    df = table.prepare(load_frame(FIXTURE))
+    df = prepare(load_frame(FIXTURE))
     row = df[(df.variant == "mtad (gamma=4, beam_width=4, tau=0.5)") & (df.task == "gsm8k")].iloc[0]
     # the fixture has no run directories and no forward counts: a point estimate (†), no prediction
     assert f"| 2 | {row.ms_per_token:.1f} | — | {row.speedup:.2f}×† |" in text
@@ -123,15 +124,15 @@ def test_tables_written_from_fixture_and_speedup_joins_rows_on_fields(tmp_path):
 
 def test_baseline_join_needs_equal_fields_and_ignores_row_order():
     rows = _quick_rows(_rows())
-    df = table.prepare(_frame(rows))
+    df = prepare(_frame(rows))
     before = dict(zip(zip(df.variant, df.task), df.speedup))
-    shuffled = table.prepare(_frame(list(reversed(rows))))
+    shuffled = prepare(_frame(list(reversed(rows))))
     assert dict(zip(zip(shuffled.variant, shuffled.task), shuffled.speedup)) == pytest.approx(before)
     # negative control: the speculative row measured on other hardware is no baseline
     moved = [dict(r, device_name="another machine") if r["decoder"]["name"] == "speculative" else r for r in rows]
-    df = table.prepare(_frame(moved))
+    df = prepare(_frame(moved))
     assert df[df.decoder == "mtad"].speedup.isna().all()
-    assert "—" in table.render_markdown(_frame(moved))
+    assert "—" in render_markdown(_frame(moved))
 
 
 def _synthetic(rows: list[dict]) -> list[dict]:
@@ -153,8 +154,8 @@ def _synthetic(rows: list[dict]) -> list[dict]:
 
 def test_claims_table_measures_the_paper_comparisons_and_dashes_the_rest():
     rows = _synthetic(_quick_rows(_rows()))
-    df = table.prepare(_frame(rows))
-    by_claim = {c["claim"]: c for c in table.claims(df)}
+    df = prepare(_frame(rows))
+    by_claim = {c["claim"]: c for c in claims(df)}
     ppl = by_claim["output perplexity −21.2 % vs single-token sampling"]
     assert ppl["paper"] == -21.2 and ppl["ours"] == pytest.approx(-20.0) and ppl["n_cells"] == 3
     assert by_claim["1.54× less energy vs speculative decoding"]["ours"] == pytest.approx(2.0)
@@ -163,22 +164,22 @@ def test_claims_table_measures_the_paper_comparisons_and_dashes_the_rest():
     assert by_claim["2.84× less energy vs autoregressive decoding"]["ours"] is None
     # task scores are 0 for both: a relative change is undefined, so no figure
     assert by_claim["downstream score +43 % vs single-token sampling"]["ours"] is None
-    text = table.render_markdown(_frame(rows))
-    claims = text[text.index("headline claims"):]
+    text = render_markdown(_frame(rows))
+    section = text[text.index("headline claims"):]
     for published in ("−21.2 %", "1.42×", "1.54×", "+43.0 %", "1.26×", "+23.6 %", "2.21×", "2.84×", "1.49×", "1.62×"):
-        assert published in claims
-    assert "−20.0 %" in claims and "2.00×" in claims and "+50.0 %" in claims
-    assert "ICLR 2025 camera-ready" in claims and "arXiv 2407.09722 v2–v4" in claims
-    line = next(x for x in claims.splitlines() if "2.84×" in x)
+        assert published in section
+    assert "−20.0 %" in section and "2.00×" in section and "+50.0 %" in section
+    assert "ICLR 2025 camera-ready" in section and "arXiv 2407.09722 v2–v4" in section
+    line = next(x for x in section.splitlines() if "2.84×" in x)
     assert line.count("—") >= 3  # ours, measured on, hardware
-    assert rows[0]["device_name"] in claims  # the hardware is named
+    assert rows[0]["device_name"] in section  # the hardware is named
 
 
 def test_empty_results_are_a_clear_error():
     import pandas as pd
 
     with pytest.raises(ValueError, match="no result rows"):
-        table.render_markdown(pd.DataFrame())
+        render_markdown(pd.DataFrame())
 
 
 # ------------------------------------------------------------------------------------------- end to end
@@ -196,7 +197,7 @@ def test_quick_profile_runs_renders_and_resumes(tmp_path, capsys):
     assert "predicted ms/token" in md and "projected speed-up vs speculative‡" in md
     assert "n = 1 (interval" not in md and "not significant" not in md  # one prompt: no interval is invented
     # every run recorded its forward counts and diversity; a cost profile of this machine exists (or was made)
-    df = table.prepare(load_frame(tmp_path / "res" / "quick.jsonl"), search=[tmp_path / "res"])
+    df = prepare(load_frame(tmp_path / "res" / "quick.jsonl"), search=[tmp_path / "res"])
     assert df.predicted_ms.notna().all() and df.proj_speedup.notna().all()
     assert df.distinct_1.notna().all() and df.records.notna().all()
     t0 = time.perf_counter()
@@ -219,8 +220,8 @@ def test_controls_preset_renders_intervals_and_the_threshold_control(tmp_path):
         assert f"| tiny | {label} |" in md
     quality = md[md.index("## Quality against sampling"):md.index("## Diversity")]
     assert quality.count("] |") >= 10 and "| 5 |" in quality  # n = 5 paired prompts, intervals
-    claims = md[md.index("headline claims"):]
-    assert "at n = 5" in claims
+    section = md[md.index("headline claims"):]
+    assert "at n = 5" in section
 
 
 @pytest.mark.slow
@@ -288,7 +289,7 @@ def test_rows_measured_under_other_settings_are_separate_table_rows():
     other = [dict(json.loads(json.dumps(r)), device_name="GPU X") for r in rows]
     for r in other:
         r["metrics"]["ms_per_token"] /= 10
-    df = table.prepare(_frame(rows + other))
+    df = prepare(_frame(rows + other))
     assert {"greedy [on=GPU X]", f"greedy [on={rows[0]['device_name']}]"} <= set(df.variant)
     # each hardware's rows join with their own speculative baseline
     a = df[(df.variant == "mtad [on=GPU X]") & (df.task == "gsm8k")].speedup.iloc[0]
@@ -298,11 +299,11 @@ def test_rows_measured_under_other_settings_are_separate_table_rows():
 
 def test_per_run_reference_figures_only_for_the_camera_ready_pairs():
     rows = _quick_rows(_rows())
-    assert "Per-run figures" not in table.render_markdown(_frame(rows))  # the tiny pair: not rendered
+    assert "Per-run figures" not in render_markdown(_frame(rows))  # the tiny pair: not rendered
     llama = [json.loads(json.dumps(r)) for r in rows if r["task"]["name"] in ("humaneval", "mt_bench")]
     for r in llama:
         r["model"]["name"] = "llama3-8b"
-    text = table.render_markdown(_frame(llama))
+    text = render_markdown(_frame(llama))
     part = text[text.index("Per-run figures"):]
     line = next(x for x in part.splitlines() if x.startswith("| humaneval | llama3-8b | mtad"))
     assert "pass@1 0.299" in line and "| 29.02 |" in line and "| 4.33 |" in line  # published figures, as in PAPER.md

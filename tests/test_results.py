@@ -1,38 +1,16 @@
-"""Result rows: hashing, crash-safe concurrent appends, loading, git/environment facts."""
+"""The results store (mtad.harness.store): crash-safe concurrent appends, tail repair, loading."""
 from __future__ import annotations
 
 import json
 import logging
 import multiprocessing as mp
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from mtad.harness.store import (
-    SCHEMA_VERSION,
-    ResultRow,
-    append_row,
-    config_hash,
-    existing_hashes,
-    git_info,
-    load_frame,
-    load_results,
-    write_jsonl_atomic,
-)
-
-CFG = {
-    "experiment": "table1",
-    "seed": 0,
-    "decoder": {"name": "mtad", "gamma": 4, "tau": 0.5, "k_config": [4, 2, 2]},
-    "model": {"name": "tiny", "dtype": "float32"},
-    "task": {"name": "gsm8k", "n": 10},
-    "results_dir": "results",
-    "force": False,
-    "tracking": {"backend": "none"},
-    "hydra": {"run": {"dir": "outputs/x"}},
-}
+from mtad.harness.rows import SCHEMA_VERSION, ResultRow
+from mtad.harness.store import append_row, existing_hashes, load_frame, load_results, write_jsonl_atomic
 
 
 def make_row(i: int = 0, writer: int = 0, **over) -> dict:
@@ -44,37 +22,6 @@ def make_row(i: int = 0, writer: int = 0, **over) -> dict:
                     run_dir="runs/x").to_dict()
     row.update(over)
     return row
-
-
-# ------------------------------------------------------------------------------------------------ hash
-def test_config_hash_stable_under_key_order_and_volatile_keys():
-    h = config_hash(CFG)
-    reordered = {k: (dict(reversed(list(v.items()))) if isinstance(v, dict) else v)
-                 for k, v in reversed(list(CFG.items()))}
-    assert config_hash(reordered) == h
-    moved = {**CFG, "results_dir": "elsewhere", "force": True, "tracking": {"backend": "wandb"},
-             "hydra": {"job": 3}}
-    assert config_hash(moved) == h
-    assert len(h) == 64 and int(h, 16) >= 0
-
-
-def test_config_hash_sensitive_to_settings():
-    h = config_hash(CFG)
-    assert config_hash({**CFG, "decoder": {**CFG["decoder"], "tau": 0.3}}) != h
-    assert config_hash({**CFG, "decoder": {**CFG["decoder"], "k_config": [4, 2]}}) != h
-    assert config_hash({**CFG, "seed": 1}) != h
-    assert config_hash(CFG, exclude=()) != h  # the volatile keys are what made the difference above
-
-
-def test_config_hash_accepts_omegaconf_and_dotted_exclusions():
-    from omegaconf import OmegaConf
-
-    assert config_hash(OmegaConf.create(CFG)) == config_hash(CFG)
-    nested = {**CFG, "run": {"out": "a", "n": 1}}
-    assert config_hash(nested, exclude=("run.out",)) == config_hash({**nested, "run": {"out": "b", "n": 1}},
-                                                                     exclude=("run.out",))
-    with pytest.raises(ValueError, match="mapping"):
-        config_hash([1, 2])
 
 
 # ---------------------------------------------------------------------------------------------- append
@@ -194,40 +141,3 @@ def test_write_jsonl_atomic(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         write_jsonl_atomic(path, [{"i": 9}])
     assert path.read_bytes() == before
-
-
-# ----------------------------------------------------------------------------------------- row + env
-def test_build_row_roundtrip(tmp_path):
-    row = ResultRow.build(CFG, experiment="table1", metrics={"ms_per_token": 2.0},
-                          decoder=CFG["decoder"], model=CFG["model"], task=CFG["task"], seed=0,
-                          n_prompts=9, skip_reasons={"prompt too long": 1}, run_dir=tmp_path / "run",
-                          devices=["cpu"], repo_root=tmp_path)
-    assert row.config_hash == config_hash(CFG) and row.n_skipped == 1
-    assert row.timestamp.endswith("+00:00") and row.git_sha is None
-    assert row.versions["torch"] and row.device_name and row.num_threads >= 1
-    assert row.run_dir == str(tmp_path / "run")
-    append_row(tmp_path / "table1.jsonl", row)
-    back = load_results(tmp_path / "table1.jsonl")[0]
-    assert ResultRow.from_dict(back) == row
-    with pytest.raises(ValueError, match="unknown keys"):
-        ResultRow.from_dict({**back, "extra": 1})
-
-
-def test_git_info(tmp_path):
-    assert git_info(tmp_path) == (None, None)  # not a repository
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
-
-    def git(*args):
-        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True, env=env)
-
-    git("init", "-q")
-    (tmp_path / "f").write_text("1")
-    git("add", "f")
-    git("commit", "-q", "-m", "x")
-    sha, dirty = git_info(tmp_path)
-    assert len(sha) == 40 and dirty is False
-    (tmp_path / "f").write_text("2")
-    assert git_info(tmp_path) == (sha, True)
-    (tmp_path / "sub").mkdir()
-    assert git_info(tmp_path / "sub") == (None, None)  # only the repository's own top level counts

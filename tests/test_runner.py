@@ -14,7 +14,8 @@ from hydra import compose, initialize_config_dir
 
 from mtad._util.paths import REPO_ROOT
 from mtad.harness.config import register_configs
-from mtad.harness.store import ResultRow, load_results
+from mtad.harness.rows import ResultRow
+from mtad.harness.store import load_results
 
 register_configs()
 PROMPTS = [{"id": f"p{i}", "prompt": f"Question {i}: say hi", "answer": "hi"} for i in range(3)]

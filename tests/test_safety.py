@@ -22,7 +22,8 @@ from hydra import compose, initialize_config_dir
 
 from mtad._util.paths import REPO_ROOT
 from mtad.harness.config import register_configs
-from mtad.harness.store import ResultRow, append_row, load_results
+from mtad.harness.rows import ResultRow
+from mtad.harness.store import append_row, load_results
 
 register_configs()
 PROMPTS = [{"id": f"p{i}", "prompt": f"Question {i}: say hi", "answer": "hi"} for i in range(2)]

@@ -8,8 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mtad.harness.store import flatten_dict, load_results
-from mtad.report import stats, table
+from mtad.harness.rows import flatten_dict
+from mtad.harness.store import load_results
+from mtad.report import stats
+from mtad.report.claims import claims, verdict
+from mtad.report.frame import prepare
+from mtad.report.render import render_markdown
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results_small.jsonl"
 
@@ -131,21 +135,21 @@ def test_table_intervals_from_records_and_claims_verdicts(tmp_path):
     import pandas as pd
 
     frame = pd.DataFrame([flatten_dict(r) for r in _rows_with_records(tmp_path)])
-    df = table.prepare(frame, search=[tmp_path], profiles=[])
+    df = prepare(frame, search=[tmp_path], profiles=[])
     mtad = df[df.decoder == "mtad"].iloc[0]
     assert mtad.n == 24 and mtad.speedup_ci.has_interval
     assert mtad.speedup_ci.low == pytest.approx(2.0) and mtad.speedup_ci.high == pytest.approx(2.0)
-    by = {c["claim"]: c for c in table.claims(df)}
+    by = {c["claim"]: c for c in claims(df)}
     ppl = by["output perplexity −21.2 % vs single-token sampling"]
     assert ppl["ours"] == pytest.approx(100 * math.expm1(-0.2)) and ppl["n"] == 24
-    assert table.verdict(ppl).startswith("significant at n = 24")
-    text = table.render_markdown(frame, search=[tmp_path], profiles=[])
+    assert verdict(ppl).startswith("significant at n = 24")
+    text = render_markdown(frame, search=[tmp_path], profiles=[])
     assert "2.00× [2.00, 2.00]" in text and "−18.1 % [−18.1, −18.1]" in text
     assert "2000 resamples" in text and "†" not in text.split("## Settings")[0]
     # task scores 0 for both: the relative change is undefined, the score difference is reported instead
     score = by["downstream score +43 % vs single-token sampling"]
     assert score["fallback"] is not None and score["ours"] == 0.0
-    assert table.verdict(score).startswith("not significant at n = 24")
+    assert verdict(score).startswith("not significant at n = 24")
 
 
 def test_rows_without_records_are_named_and_get_no_interval(tmp_path):
@@ -153,13 +157,13 @@ def test_rows_without_records_are_named_and_get_no_interval(tmp_path):
     import pandas as pd
 
     frame = pd.DataFrame([flatten_dict(r) for r in _rows_with_records(tmp_path, drop="speculative")])
-    df = table.prepare(frame, search=[tmp_path], profiles=[])
+    df = prepare(frame, search=[tmp_path], profiles=[])
     mtad = df[df.decoder == "mtad"].iloc[0]
     assert mtad.speedup_ci is None and mtad.speedup == pytest.approx(2.0)
-    speed = next(c for c in table.claims(df) if c["claim"].startswith("1.42×"))
+    speed = next(c for c in claims(df) if c["claim"].startswith("1.42×"))
     assert not speed["interval"].has_interval and speed["missing"] == ["speculative · gsm8k"]
-    assert table.verdict(speed) == "point estimate only: no per-prompt records for 1 row(s)"
-    text = table.render_markdown(frame, search=[tmp_path], profiles=[])
+    assert verdict(speed) == "point estimate only: no per-prompt records for 1 row(s)"
+    text = render_markdown(frame, search=[tmp_path], profiles=[])
     assert "2.00×†" in text and "tiny · speculative · gsm8k (run_dir elsewhere/runs/speculative)" in text
     # the perplexity claim does not need the speculative row: it still has its interval
     assert "−18.1 % [−18.1, −18.1]" in text
@@ -175,11 +179,11 @@ def test_seed_sweep_rows_are_pooled_into_one_row(tmp_path):
         r2["seed"], r2["run_id"] = 1, r["run_id"] + "-s1"
         r2["metrics"]["total_decode_s"] *= 3  # the second seed ran 3x slower: pooled ms/token = 2x the first
         extra.append(r2)
-    df = table.prepare(pd.DataFrame([flatten_dict(r) for r in rows + extra]), search=[tmp_path], profiles=[])
+    df = prepare(pd.DataFrame([flatten_dict(r) for r in rows + extra]), search=[tmp_path], profiles=[])
     assert len(df) == 3 and set(df.n_seeds) == {2}
     m = df[df.decoder == "mtad"].iloc[0]
     first = next(r for r in rows if r["decoder"]["name"] == "mtad")["metrics"]
     assert m.ms_per_token == pytest.approx(1e3 * 4 * first["total_decode_s"] / (2 * first["total_tokens"]))
     assert m.seeds == [0, 1]
-    assert "24 × 2 seeds" in table.render_markdown(pd.DataFrame([flatten_dict(r) for r in rows + extra]),
-                                                   search=[tmp_path], profiles=[])
+    assert "24 × 2 seeds" in render_markdown(pd.DataFrame([flatten_dict(r) for r in rows + extra]),
+                                             search=[tmp_path], profiles=[])

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from mtad.harness.store import ResultRow, append_row
+from mtad.harness.rows import ResultRow
+from mtad.harness.store import append_row
 from mtad.harness.tracking import NoneTracker, TrackingConfig, WandbTracker, make_tracker, resolve_mode
 
 

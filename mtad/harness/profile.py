@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from mtad._util.paths import REPO_ROOT
 from mtad.harness.config import register_configs
-from mtad.harness.store import environment_info
+from mtad.harness.rows import environment_info
 from mtad.measure.costmodel import PROFILE_DIR, measure, profile_path
 from mtad.models.load import load_pair
 

@@ -26,8 +26,9 @@ from omegaconf import DictConfig, OmegaConf
 from mtad.decoding import DecoderConfig, PromptTooLong, generate
 from mtad.harness.config import experiment_name
 from mtad.harness.progress import PromptBar
+from mtad.harness.rows import ResultRow, config_hash, to_json_line
 from mtad.harness.rundir import check_results_file, check_writable
-from mtad.harness.store import ResultRow, append_row, config_hash, existing_hashes, to_json_line, write_jsonl_atomic
+from mtad.harness.store import append_row, existing_hashes, write_jsonl_atomic
 from mtad.harness.tracking import TrackingConfig, make_tracker
 from mtad.measure.energy import EnergyMeter, combine_readings
 from mtad.measure.metrics import diversity, perplexity, run_metrics, sequence_logprobs

@@ -39,7 +39,7 @@ from mtad.harness.profile import profile_command
 from mtad.harness.runner import run
 from mtad.harness.store import load_frame
 from mtad.measure.costmodel import find_profiles
-from mtad.report.table import write_tables
+from mtad.report.render import write_tables
 
 log = logging.getLogger("mtad.harness.sweep")
 

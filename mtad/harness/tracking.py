@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional
 
-from mtad.harness.store import flatten_dict
+from mtad.harness.rows import flatten_dict
 
 log = logging.getLogger(__name__)
 

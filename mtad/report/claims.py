@@ -1,0 +1,188 @@
+"""The paper's claims with their published figures (docs/PAPER.md), and our verdict on each.
+
+Each headline claim (:data:`CLAIMS`, with the paper version it comes from) is measured by the same comparison
+on the frame of :func:`mtad.report.frame.prepare`: over every comparable (pair, task) cell, the geometric
+mean of ratios or the arithmetic mean of percentage changes, with the interval from the cells' bootstrap
+distributions combined resample by resample (:func:`mtad.report.stats.aggregate`). :data:`PER_RUN` holds
+the per-run figures published with the reference implementation, matched to ours by :func:`per_run_rows`.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mtad.report import stats
+from mtad.report.frame import PAPER_DEFAULTS, baseline_of, cell_change, int_or_none, num
+
+DASH = "—"  # the mark of a figure we do not have
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A headline figure of the paper, as published (source: docs/PAPER.md, "Headline claims")."""
+
+    version: str  # the paper version the figure comes from
+    text: str  # the claim as the paper states it
+    paper: float  # the published number
+    kind: str  # how we measure it: ppl_change | score_change (%), speedup | energy_ratio (x), energy_saving (%)
+    versus: str  # our baseline decoder for the comparison
+    pairs: tuple[str, ...] = ()  # the pairs the paper measured it on (our model.name); () = any
+    method: str = "mtad"
+
+
+V24 = "arXiv 2407.09722 v2–v4"
+ICLR = "ICLR 2025 camera-ready"
+V1 = "arXiv 2407.09722 v1 (MJSD)"
+_V24_PAIRS = ("opt13b", "opt30b", "llama2-13b", "llama2-70b")
+_ICLR_PAIRS = ("llama3-8b", "llama3-8b-instruct")
+CLAIMS: tuple[Claim, ...] = (
+    Claim(V24, "output perplexity −21.2 % vs single-token sampling", -21.2, "ppl_change", "sampling", _V24_PAIRS),
+    Claim(V24, "1.42× speed-up vs speculative decoding", 1.42, "speedup", "speculative", _V24_PAIRS),
+    Claim(V24, "1.54× less energy vs speculative decoding", 1.54, "energy_ratio", "speculative", _V24_PAIRS),
+    Claim(ICLR, "downstream score +43 % vs single-token sampling", 43.0, "score_change", "sampling", _ICLR_PAIRS),
+    Claim(ICLR, "1.26× speed-up vs vanilla speculative decoding", 1.26, "speedup", "speculative", _ICLR_PAIRS),
+    Claim(ICLR, "23.6 % less energy vs vanilla speculative decoding", 23.6, "energy_saving", "speculative",
+          _ICLR_PAIRS),
+    Claim(V1, "2.21× speed-up vs autoregressive decoding", 2.21, "speedup", "sampling", _V24_PAIRS),
+    Claim(V1, "2.84× less energy vs autoregressive decoding", 2.84, "energy_ratio", "sampling", _V24_PAIRS),
+    Claim(V1, "1.49× speed-up vs vanilla speculative decoding", 1.49, "speedup", "speculative", _V24_PAIRS),
+    Claim(V1, "1.62× less energy vs vanilla speculative decoding", 1.62, "energy_ratio", "speculative", _V24_PAIRS),
+)
+KIND_TEXT = {"ppl_change": "perplexity change", "score_change": "task score change", "speedup": "speed-up",
+             "energy_ratio": "energy ratio (baseline J / method J)", "energy_saving": "energy saved"}
+PERCENT_KINDS = ("ppl_change", "score_change", "energy_saving")
+
+
+# ------------------------------------------------------------------------------------------- judging
+def claims(df, claim_list: Iterable[Claim] = CLAIMS) -> list[dict]:
+    """One dict per claim: the paper's figure, ours (None if unmeasured) with its interval
+    (:class:`mtad.report.stats.Interval`), the cells it is over, hardware, and the verdict text."""
+    prim = _primary(df)
+    return [_judge(c, prim) for c in claim_list]
+
+
+def _judge(c: Claim, prim) -> dict:
+    cells, on_paper = _cells(prim, c.method, c.versus, c.pairs)
+    ivs = [(m, b, *_cell_interval(c.kind, m, b)) for m, b in cells]
+    ivs = [(m, b, iv, has) for m, b, iv, has in ivs if iv.point is not None]
+    agg = stats.aggregate(c.kind, [iv for _, _, iv, _ in ivs])
+    fallback = None
+    if c.kind == "score_change" and cells and not agg.has_interval:  # undefined relative change: points
+        diffs = [stats.compare("score_diff", m.get("records"), b.get("records")) for m, b in cells]
+        if all(d is not None and d.point is not None for d in diffs):
+            fallback = stats.aggregate("score_diff", diffs)
+            ivs = [(m, b, d, True) for (m, b), d in zip(cells, diffs)]
+    missing = sorted({f"{r['variant']} · {r['task']}" for m, b, _, has in ivs if not has for r in (m, b)
+                      if r.get("records") is None})
+    hardware = sorted({str(x) for m, b, _, _ in ivs for x in (m.get("device_name"), b.get("device_name")) if x})
+    return {"version": c.version, "claim": c.text, "paper": c.paper, "kind": c.kind,
+            "ours": (fallback.point if fallback else agg.point) if ivs else None,
+            "interval": agg if ivs else None, "fallback": fallback,
+            "comparison": f"{c.method} vs {c.versus}: {KIND_TEXT[c.kind]}", "n_cells": len(ivs),
+            "n": agg.n if ivs else 0, "missing": missing,
+            "pairs": sorted({m["pair"] for m, _, _, _ in ivs}), "tasks": sorted({m["task"] for m, _, _, _ in ivs}),
+            "hardware": hardware, "paper_pairs": on_paper or not c.pairs}
+
+
+def _primary(df):
+    """For claims: per decoder, the rows at the paper's default settings when an ablation holds several."""
+    keep = []
+    for _, row in df.iterrows():
+        same = df[(df["decoder"] == row["decoder"]) & (df["pair"] == row["pair"]) & (df["task"] == row["task"])]
+        if len(same) == 1:
+            keep.append(True)
+            continue
+        keep.append(all(row.get(k) == v for k, v in PAPER_DEFAULTS.items() if k in df.columns
+                        and num(row.get(k)) is not None))
+    return df[keep]
+
+
+def _cells(prim, method: str, versus: str, pairs: Sequence[str]) -> tuple[list[tuple[Any, Any]], bool]:
+    """(method row, baseline row) per comparable cell of the ``_primary`` frame; the bool says whether the
+    paper's pairs were found."""
+    on_paper = bool(pairs) and prim["pair"].isin(pairs).any()
+    rows = prim[prim["pair"].isin(pairs)] if on_paper else prim
+    cells = []
+    for _, row in rows[rows["decoder"] == method].iterrows():
+        base = baseline_of(prim, row, versus)
+        if base is not None:
+            cells.append((row, base))
+    return cells, on_paper
+
+
+def _cell_interval(kind: str, m, b):
+    """The cell's comparison as an Interval: bootstrapped from both rows' per-prompt records, else the
+    row-level point estimate without an interval (note says why)."""
+    point = cell_change(kind, m, b)
+    iv = stats.compare(kind, m.get("records"), b.get("records"))
+    if iv is None:
+        return stats.Interval(point, None, None, int_or_none(m.get("n")) or 0, kind,
+                              note="no per-prompt records"), False
+    if iv.point is None and point is not None:  # e.g. the records lack the field: keep the row's figure
+        return stats.Interval(point, None, None, iv.n, kind, note=iv.note), True
+    return iv, True
+
+
+def verdict(c: dict) -> str:
+    """"not significant at n = …" where the 95 % interval spans no change; "significant …" where it does
+    not; the reason where there is no interval."""
+    iv = c["fallback"] or c["interval"]
+    if c["ours"] is None or iv is None:
+        return DASH
+    if not iv.has_interval:
+        if c["missing"]:
+            return f"point estimate only: no per-prompt records for {len(c['missing'])} row(s)"
+        return f"no interval: {iv.note or 'too few prompts'}"
+    what = "score difference" if c["fallback"] else "interval"
+    if iv.contains_no_change():
+        return f"not significant at n = {iv.n} ({what} spans no change)"
+    return f"significant at n = {iv.n} (95 % {what} excludes no change)"
+
+
+# ------------------------------------------------------------------------------------------- per run
+@dataclass(frozen=True)
+class PerRun:
+    """A per-run figure published with the reference implementation (docs/PAPER.md; ICLR 2025 camera-ready,
+    Llama-3.1-8B(-Instruct) target, Llama-3.2-1B(-Instruct) draft, 100 new tokens, gamma = 4, W = 4)."""
+
+    task: str
+    pair: str
+    method: str
+    tau: float | None
+    score: str  # as published, with its metric
+    ms_per_token: float
+    acceptance_rate: float
+    block_efficiency: float
+
+
+PER_RUN: tuple[PerRun, ...] = (
+    PerRun("spider", "llama3-8b", "mtad", 0.5, "exec. acc. 47.0", 33.20, 0.80, 4.19),
+    PerRun("spider", "llama3-8b", "specinfer", None, "exec. acc. 37.0", 35.52, 0.85, 3.55),
+    PerRun("spider", "llama3-8b-instruct", "mtad", 0.3, "exec. acc. 64.0", 30.04, 0.78, 4.14),
+    PerRun("spider", "llama3-8b-instruct", "specinfer", None, "exec. acc. 52.0", 32.91, 0.79, 3.36),
+    PerRun("humaneval", "llama3-8b", "mtad", 0.5, "pass@1 0.299", 29.02, 0.83, 4.33),
+    PerRun("humaneval", "llama3-8b", "specinfer", None, "pass@1 0.238", 30.73, 0.89, 3.66),
+    PerRun("humaneval", "llama3-8b-instruct", "mtad", 0.5, "pass@1 0.457", 27.67, 0.84, 4.34),
+    PerRun("humaneval", "llama3-8b-instruct", "specinfer", None, "pass@1 0.427", 29.48, 0.88, 3.64),
+)
+
+
+def per_run_rows(df) -> tuple[list[str], list[list]]:
+    """The published per-run figures beside ours for the same (task, pair, method, tau); [] rows when the
+    frame holds none of those pairs (only the paper profile measures them)."""
+    header = ["task", "pair", "method", "score (paper)", "score (ours)", "ms/token (paper)", "ms/token (ours)",
+              "acceptance (paper)", "acceptance (ours)", "block eff. (paper)", "block eff. (ours)"]
+    if not df["pair"].isin({p.pair for p in PER_RUN}).any():
+        return header, []
+    rows = []
+    for p in PER_RUN:
+        hit = df[(df["pair"] == p.pair) & (df["task"] == p.task) & (df["decoder"] == p.method)]
+        if p.tau is not None and "decoder.tau" in hit.columns and (hit["decoder.tau"] == p.tau).any():
+            hit = hit[hit["decoder.tau"] == p.tau]
+        m = {} if hit.empty else hit.iloc[-1].to_dict()
+        score = f"{m['score_name']} {m['score']:.3f}" if num(m.get("score")) is not None else None
+        name = p.method + (f" τ={p.tau:g}" if p.tau is not None else "")
+        rows.append([p.task, p.pair, name, p.score, score, p.ms_per_token, m.get("ms_per_token"),
+                     p.acceptance_rate, m.get("acceptance_rate"), p.block_efficiency, m.get("block_efficiency")])
+    return header, rows
