@@ -77,3 +77,26 @@ def test_yaml_typo_inside_a_group_file_fails(tmp_path: Path):
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         with pytest.raises((ConfigCompositionException, ConfigKeyError)):
             compose(config_name="config", overrides=["decoder=typo"])
+
+
+def test_model_options_load_the_same_through_hydra_and_lm_eval():
+    """The smollm2 variants compose the base and option files (conf/model/smollm2_variant/); lm_eval's loader
+    merges the same ``defaults`` without Hydra and must agree on every value it sets."""
+    from mtad.harness.lm_eval_backend import _load_preset
+
+    for name in _options("model"):
+        flat = _load_preset(CONF / "model" / f"{name}.yaml")
+        hydra = OmegaConf.to_container(_compose([f"model={name}"]).model)
+        assert flat["name"] == name and {k: hydra[k] for k in flat} == flat, name
+    bf16 = _compose(["model=smollm2_bf16_feature"]).model
+    assert (bf16.dtype, bf16.draft_head, bf16.draft) == ("bfloat16", "reduced_int8", "models/smollm2-feature-draft")
+
+
+def test_cpu_table_pair_picks_the_model_and_names_the_rows():
+    names = sorted(p.stem for p in (CONF / "experiment" / "pair").glob("*.yaml"))
+    assert names == ["smollm2", "smollm2_bf16", "smollm2_bf16_feature", "smollm2_feature"]
+    for name in names:
+        cfg = _compose(["experiment=cpu_table", f"experiment/pair@pair={name}"])
+        assert cfg.model.name == name and cfg.experiment == "cpu_table" + name.removeprefix("smollm2"), name
+    # negative control: the model alone does not rename the rows (nor did it before the pairs were one preset)
+    assert _compose(["experiment=cpu_table", "model=smollm2_bf16"]).experiment == "cpu_table"

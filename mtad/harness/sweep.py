@@ -11,10 +11,9 @@ then every run would, and the sweep stops with that message (exit status 2).
 
 Profiles: ``quick`` (tiny random pair, minutes; tests and CI: the ``quick`` grid and the reviewers' controls
 ``quick_controls``), ``cpu`` (the embedded SmolLM2 pair: the claims' comparisons, sampling / speculative / mtad
-on two tasks with 30 prompts each, under an hour on 2 cores), ``cpu_feature`` (the same cells with the feature
-draft, ``conf/model/smollm2_feature.yaml``), ``cpu_bf16`` (the same cells with the pair in
-bfloat16, ``conf/model/smollm2_bf16.yaml``), ``cpu_bf16_feature`` (those with the feature draft,
-``conf/model/smollm2_bf16_feature.yaml``), ``cpu_full`` (every decoder on four tasks, 30
+on two tasks with 30 prompts each, under an hour on 2 cores), ``cpu_feature``, ``cpu_bf16``, ``cpu_bf16_feature``
+(the same ``cpu_table`` cells on the pair with the feature draft, in bfloat16, or both: the preset's
+``experiment/pair@pair`` choice, :data:`PROFILES`), ``cpu_full`` (every decoder on four tasks, 30
 prompts: about four hours), ``paper`` (the paper's pairs; GPUs). ``--experiment tau|gamma|beam_width|
 temperature`` runs an ablation or control preset instead, with the extra runs its table needs
 (:data:`EXTRA_RUNS`). Before rendering, a cost profile of the pair on this machine
@@ -43,10 +42,14 @@ from mtad.report.render import write_tables
 
 log = logging.getLogger("mtad.harness.sweep")
 
-PROFILES = {"quick": ("quick", "quick_controls"), "cpu": ("cpu_table",), "cpu_feature": ("cpu_table_feature",),
-            "cpu_bf16": ("cpu_table_bf16",),
-            "cpu_bf16_feature": ("cpu_table_bf16_feature",), "cpu_full": ("cpu_full",),
-            "paper": ("paper_table",)}
+# A profile runs presets, each a preset name and the overrides that pick its variant: cpu_table's pair
+# (conf/experiment/pair/<model>.yaml sets the model and the name of the rows and tables).
+_PAIR = "experiment/pair@pair"
+PROFILES = {"quick": (("quick",), ("quick_controls",)), "cpu": (("cpu_table",),),
+            "cpu_feature": (("cpu_table", f"{_PAIR}=smollm2_feature"),),
+            "cpu_bf16": (("cpu_table", f"{_PAIR}=smollm2_bf16"),),
+            "cpu_bf16_feature": (("cpu_table", f"{_PAIR}=smollm2_bf16_feature"),),
+            "cpu_full": (("cpu_full",),), "paper": (("paper_table",),)}
 # Extra runs a preset's table needs but its grid cannot express (a Hydra grid is a Cartesian product), each
 # a list of overrides (sweeps allowed): the speed-up baseline of the ablations that sweep only MTAD settings,
 # and the reviewers' controls beside the temperature sweep (MTAD at several tau, speculative with a fixed
@@ -262,19 +265,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # the energy source is in every row; logging it once per prompt is noise
     logging.getLogger("mtad.measure.energy").setLevel(logging.WARNING)
-    experiments = (args.experiment,) if args.experiment else PROFILES[args.profile]
+    presets = ((args.experiment,),) if args.experiment else PROFILES[args.profile]
+    runs = [(experiment, [*variant, *args.overrides]) for experiment, *variant in presets]
     done = []
     try:
         if args.list:
-            for experiment in experiments:
-                for job in grid(experiment, args.overrides):
+            for experiment, overrides in runs:
+                for job in grid(experiment, overrides):
                     print(" ".join(job))
             return 0
         from tqdm.contrib.logging import logging_redirect_tqdm
 
         with logging_redirect_tqdm():
-            for experiment in experiments:
-                done.append(reproduce(experiment, args.overrides, args.tables_dir, run_grid=not args.render_only,
+            for experiment, overrides in runs:
+                done.append(reproduce(experiment, overrides, args.tables_dir, run_grid=not args.render_only,
                                       progress=not args.no_progress, cost_profile=not args.no_cost_profile))
     except (ValueError, FileNotFoundError) as err:
         print(f"mtad.harness.sweep: error: {err}", file=sys.stderr)

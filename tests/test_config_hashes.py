@@ -1,0 +1,94 @@
+"""Published rows stay "already done": every row of ``results/published/*.jsonl`` has its ``config_hash``
+among the hashes of its profile's grid as today's configs compose it.
+
+The grid is what ``python -m mtad.harness.sweep --profile <p> --list`` prints; each job is composed and hashed
+the way :func:`mtad.harness.runner.run` hashes it (resolved config + the draft's weight files + the task's data
+files). The rows were measured by ``make reproduce-table PROFILE=<p>`` with no ``name=`` (rendering with
+``name=<file>`` only picks the file) and ``results_dir`` is not hashed, so the grid is expanded without either.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from mtad._util.paths import REPO_ROOT, default_data_dir
+from mtad.harness import sweep
+from mtad.harness.runner import weights_fingerprint
+from mtad.harness.store import config_hash, load_results
+from mtad.models.load import ModelConfig
+from mtad.tasks.base import TaskConfig, get_task
+
+PUBLISHED = sorted((REPO_ROOT / "results" / "published").glob("*.jsonl"))
+PROFILE_OF = {"cpu_table": "cpu", "cpu_table_feature": "cpu_feature", "cpu_table_bf16": "cpu_bf16",
+              "cpu_table_bf16_feature": "cpu_bf16_feature"}
+
+# The draft each table was measured with, as runner.weights_fingerprint records it (file name + sha256[:16];
+# for a draft replaced since: `git show <commit>:models/<dir>/<file> | sha256sum`).
+TOKEN_STEP231 = ["head.safetensors:008dc9ee7a64ffa1", "model.safetensors:27e1064226ac9b72"]  # git 2d2cdd4
+FEATURE_RUN1 = ["head.safetensors:2d67500dcc3686e8", "model.safetensors:daf26ba3653dd2fc"]  # git f59ce6a
+FEATURE_RUN2 = ["head.safetensors:3121bc266fd46e0d", "model.safetensors:3cde898f6970aaf9"]  # git 4ccb915
+FEATURE_RUN3 = ["head.safetensors:09016dde359a3550", "model.safetensors:73e87e72ff4a11cc"]  # git a69d499
+DRAFT = {"cpu_table-2026-12-03": TOKEN_STEP231, "cpu_table_bf16-2026-12-03": TOKEN_STEP231,
+         "cpu_table_feature-2026-12-03": FEATURE_RUN1, "cpu_table_bf16_feature-run2-2026-12-04": FEATURE_RUN2,
+         "cpu_table_bf16_feature-2026-12-04": FEATURE_RUN3, "cpu_table_feature-2026-12-04": FEATURE_RUN3}
+# git 0cf75fe renamed the bf16 pair smollm2-bf16 -> smollm2_bf16 in these rows after they were measured;
+# their hashes keep the name they ran under.
+MEASURED_AS = {"cpu_table_bf16-2026-12-03": ["model.name=smollm2-bf16"]}
+# Rows of an older schema (their model has no quantize/draft_head) and of a grid no profile has today
+# (7 decoders x 4 tasks, 12 prompts): no config of today can give their hashes.
+OLDER_SCHEMA = {"cpu_table-2026-12-02"}
+
+needs_data = pytest.mark.skipif(not (default_data_dir() / "gsm8k").is_dir(), reason="no task data (MTAD_DATA_DIR)")
+
+
+def profile_jobs(profile: str, overrides: list[str]) -> list[list[str]]:
+    """The runs of ``--profile <profile> --list <overrides>``, each a list of overrides."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert sweep.main(["--profile", profile, "--list", *overrides]) == 0
+    return [line.split() for line in out.getvalue().splitlines()]
+
+
+def run_hash(job: list[str], draft: list[str], data: dict) -> str:
+    """The runner's config hash of the job, with the draft's weight files pinned to ``draft``."""
+    cfg = OmegaConf.to_container(sweep.compose_job(job), resolve=True)
+    # the runner fingerprints local target and draft directories: the embedded pair has only a local draft
+    assert set(weights_fingerprint(ModelConfig(**cfg["model"]))) == {"draft"}, job
+    key = json.dumps(cfg["task"], sort_keys=True)
+    if key not in data:
+        data[key] = get_task(TaskConfig.from_any(cfg["task"])).data_fingerprint()
+    return config_hash({**cfg, "weights": {"draft": draft}, "data": data[key]})
+
+
+def profile_grid(stem: str) -> list[list[str]]:
+    """The jobs of the profile the file was measured with, under the settings it ran with."""
+    return profile_jobs(PROFILE_OF[stem.split("-")[0]], MEASURED_AS.get(stem, []))
+
+
+def test_every_published_file_is_checked():
+    stems = {p.stem for p in PUBLISHED}
+    assert stems and stems == set(DRAFT) | OLDER_SCHEMA
+
+
+@needs_data
+@pytest.mark.parametrize("path", [p for p in PUBLISHED if p.stem not in OLDER_SCHEMA], ids=lambda p: p.stem)
+def test_published_rows_hash_into_their_profiles_grid(path: Path):
+    published = {r["config_hash"] for r in load_results(path)}
+    jobs, data = profile_grid(path.stem), {}
+    hashes = {run_hash(job, DRAFT[path.stem], data) for job in jobs}
+    assert len(hashes) == len(published) == 6
+    assert published <= hashes
+    # negative control: one setting changed, and that run is not done
+    assert run_hash([*jobs[0], "task.n_prompts=29"], DRAFT[path.stem], data) not in published
+
+
+def test_older_schema_rows_lack_fields_of_todays_model_config():
+    fields = set(ModelConfig.__dataclass_fields__)
+    for stem in OLDER_SCHEMA:
+        for line in (REPO_ROOT / "results" / "published" / f"{stem}.jsonl").read_text().splitlines():
+            assert fields - set(json.loads(line)["model"]), stem
