@@ -11,6 +11,7 @@ import torch
 import yaml
 
 from mtad._util.paths import REPO_ROOT
+from mtad.harness.lm_eval_backend import _load_preset
 from mtad.models import smollm2
 from mtad.models.load import ModelConfig, check_compatible, load_pair, resolve_source
 from mtad.models.tiny import VOCAB_SIZE, tiny_model, tiny_tokenizer
@@ -141,8 +142,7 @@ def test_model_config_unknown_key():
 
 @pytest.mark.parametrize("path", MODEL_CONFS, ids=[p.stem for p in MODEL_CONFS])
 def test_model_conf_files_are_valid(path):
-    raw = yaml.safe_load(path.read_text())
-    cfg = ModelConfig.from_any(raw)
+    cfg = ModelConfig.from_any(_load_preset(path))  # a variant's Hydra defaults merged (conf/model/smollm2_*.yaml)
     assert cfg.name == path.stem
     if cfg.kind == "hf":
         assert cfg.dtype == "float16" and cfg.gpus >= 1 and cfg.draft

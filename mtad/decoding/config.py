@@ -6,10 +6,19 @@ W=4, tau=0.5, sampling with replacement in the beam step.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional
 
 from mtad._util.cfg import field_values
+from mtad.decoding.verifiers import DIVERGENCES
+
+ACCEPT_RULES = ("lossless", "threshold", "block", "typical", "fuzzy")
+NGRAM_DECODERS = ("speculative", "mtad")  # decoders that take proposer=ngram (one chain, no tree)
+# Keys added after result rows were first written: left out of the config hash at their defaults, so such a
+# row is still found (mtad.harness.store.canonical_config). A key added later belongs here too.
+HASH_LATE_KEYS = ("proposer", "ngram_max", "typical_threshold", "typical_alpha", "fuzzy_divergence",
+                  "fuzzy_threshold")
 
 
 @dataclass(frozen=True)
@@ -23,7 +32,13 @@ class DecoderConfig:
     beam_width: int = 4  # W
     tau: float = 0.5
     replacement: bool = True  # beam step draws (beam, token) pairs with replacement
-    accept: str = "lossless"  # speculative: lossless | threshold
+    accept: str = "lossless"  # speculative: lossless | threshold | block | typical | fuzzy (VERIFIERS.md §1-§3)
+    proposer: str = "draft"  # speculative, mtad: draft (the draft model) | ngram (prompt lookup, VERIFIERS.md §4)
+    ngram_max: int = 2  # proposer=ngram: longest n-gram matched (HF's max_matching_ngram_size)
+    typical_threshold: float = 0.09  # accept=typical: epsilon, Medusa's posterior_threshold
+    typical_alpha: float = 0.3  # accept=typical: delta, Medusa's posterior_alpha
+    fuzzy_divergence: str = "js"  # accept=fuzzy: js | kl (draft || target) | tv, on the filtered p, q
+    fuzzy_threshold: float = 0.4  # accept=fuzzy: accept while the divergence is <= this (FSD's README, with js)
     mode: str = "beam"  # mtjd: exhaustive | beam
     select: str = "argmax"  # mtjd exhaustive: argmax | nucleus
     block_top_p: float = 0.9  # mtjd exhaustive/nucleus: joint mass kept
@@ -50,8 +65,22 @@ class DecoderConfig:
             bad("beam_width", "W >= 1")
         if not 0 < self.tau <= 1:
             bad("tau", "0 < tau <= 1")
-        if self.accept not in ("lossless", "threshold"):
-            bad("accept", "'lossless' or 'threshold'")
+        if self.accept not in ACCEPT_RULES:
+            bad("accept", " | ".join(ACCEPT_RULES))
+        if self.proposer not in ("draft", "ngram"):
+            bad("proposer", "'draft' or 'ngram'")
+        if self.proposer == "ngram" and self.name not in NGRAM_DECODERS:
+            bad("proposer", f"'draft' with decoder={self.name} ('ngram' only with decoder=speculative or mtad)")
+        if self.ngram_max < 1:
+            bad("ngram_max", "an integer >= 1")
+        if not 0 <= self.typical_threshold <= 1:
+            bad("typical_threshold", "0 <= typical_threshold <= 1")
+        if not 0 <= self.typical_alpha < math.inf:
+            bad("typical_alpha", "a finite typical_alpha >= 0")
+        if self.fuzzy_divergence not in DIVERGENCES:
+            bad("fuzzy_divergence", " | ".join(DIVERGENCES))
+        if not self.fuzzy_threshold >= 0:
+            bad("fuzzy_threshold", "fuzzy_threshold >= 0 (inf accepts every draft token)")
         if self.mode not in ("exhaustive", "beam"):
             bad("mode", "'exhaustive' or 'beam'")
         if self.select not in ("argmax", "nucleus"):

@@ -81,10 +81,13 @@ class Run:
         """The speculative-family loop: creates the target and draft sessions of this call, then yields
         ``(target, draft, K)`` once per iteration, where K is the draft depth (``depth`` or gamma) shortened
         so the block and its bonus token fit. When no block fits, the tail is plain target steps.
-        A feature draft (``reads_target_features``, :mod:`mtad.models.feature_draft`) is linked to the target."""
-        target, draft = self.session(models.target, "target"), self.session(models.draft, "draft")
-        if getattr(models.draft, "reads_target_features", False):
-            draft.link(target)
+        A feature draft (``reads_target_features``, :mod:`mtad.models.feature_draft`) is linked to the target.
+        With ``proposer: ngram`` no draft session is made (``draft`` is None) and a pair's draft stays unused."""
+        target, draft = self.session(models.target, "target"), None
+        if self.cfg.proposer == "draft":
+            draft = self.session(models.draft, "draft")
+            if getattr(models.draft, "reads_target_features", False):
+                draft.link(target)
         while not self.done:
             K = min(depth or self.cfg.gamma, self.remaining - 1)
             if K < 1:
@@ -146,7 +149,7 @@ def check(models, prompt: list[int], cfg: DecoderConfig) -> None:
         raise ValueError(f"unknown decoder '{cfg.name}': valid decoders are {sorted(DECODERS)}")
     if not prompt:
         raise ValueError("empty prompt: generate needs at least one prompt token")
-    needs_draft = cfg.name in NEEDS_DRAFT
+    needs_draft = cfg.name in NEEDS_DRAFT and cfg.proposer == "draft"  # proposer=ngram: no draft model
     if needs_draft and models.draft is None:
         raise ValueError(f"decoder '{cfg.name}' needs a draft model; use a model pair with a draft")
     if needs_draft:

@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from mtad._util.paths import REPO_ROOT
 from mtad._util.version import __version__
+from mtad.decoding.config import HASH_LATE_KEYS, DecoderConfig
 
 log = logging.getLogger(__name__)
 
@@ -135,14 +136,27 @@ def _drop(d: dict, dotted: str) -> None:
 
 
 def canonical_config(cfg: Any, exclude: Iterable[str] = VOLATILE_KEYS) -> dict:
-    """The resolved config as plain data minus ``exclude`` (top-level keys or dotted paths)."""
+    """The resolved config as plain data minus ``exclude`` (top-level keys or dotted paths) and minus the
+    decoder keys that were added later and hold their defaults (:func:`_drop_late_defaults`)."""
     plain = _plain(cfg)
     if not isinstance(plain, dict):
         raise ValueError(f"config_hash needs a mapping config, got {type(cfg).__name__}")
     plain = json.loads(json.dumps(plain, default=_json_default))  # deep copy + normalise tuples, Paths
     for key in exclude:
         _drop(plain, key)
+    _drop_late_defaults(plain)
     return plain
+
+
+def _drop_late_defaults(plain: dict) -> None:
+    """Leave out decoder keys added after rows were first written (``HASH_LATE_KEYS``) while they hold their
+    defaults: a config that does not use them hashes as before the keys existed, so its old row still counts
+    as done; any other value is part of the hash."""
+    decoder = plain.get("decoder")
+    if isinstance(decoder, dict):
+        for key in HASH_LATE_KEYS:
+            if key in decoder and decoder[key] == getattr(DecoderConfig, key):
+                del decoder[key]
 
 
 def config_hash(cfg: Any, exclude: Iterable[str] = VOLATILE_KEYS) -> str:

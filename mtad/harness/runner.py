@@ -17,7 +17,7 @@ import hashlib
 import logging
 import sys
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -43,6 +43,8 @@ def run(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict | Non
     resolved = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)
     dec = DecoderConfig.from_any(resolved["decoder"])
     mcfg = ModelConfig(**resolved["model"]) if not isinstance(resolved["model"], ModelConfig) else resolved["model"]
+    if dec.proposer == "ngram":  # a draft-free proposer: the pair's draft is neither loaded nor fingerprinted
+        mcfg = replace(mcfg, draft=None, draft_head="full")
     tcfg = TaskConfig.from_any(resolved["task"])
     track = TrackingConfig.from_any(resolved.get("tracking"))
     results_file = Path(resolved.get("results_dir", "results")) / f"{experiment_name(resolved)}.jsonl"
