@@ -1,5 +1,5 @@
 """``python -m mtad.harness.sweep --profile cpu|quick|paper`` (``make reproduce-table``): run a preset's grid,
-then render ``<results_dir>/tables/<experiment>.md`` and ``.tex`` (:mod:`mtad.report.table`).
+then render ``<results_dir>/tables/<experiment>.md`` and ``.tex`` (:mod:`mtad.report.render`).
 
 The grid is the preset's ``hydra.sweeper.params`` (the same grid ``python -m mtad -m experiment=<name>``
 runs), expanded the way Hydra's basic sweeper does it (overrides given here replace a swept key), and run

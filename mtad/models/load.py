@@ -157,7 +157,7 @@ def _load_smollm2(cfg: ModelConfig) -> ModelPair:
         path = resolve_local(cfg.draft)
         if path is None:
             raise FileNotFoundError(
-                f"model.draft={cfg.draft!r}: no such directory; train it with `python -m mtad.train.trainer` "
+                f"model.draft={cfg.draft!r}: no such directory; train it with `python -m mtad.train` "
                 f"(writes {DEFAULT_SMOLLM2_DRAFT}) or set model.draft=null for a target-only run")
         draft = load_tied_draft(path, target, cfg.draft_dtype or cfg.dtype, cfg.attn_implementation)
     return ModelPair(target=target, draft=draft, tokenizer=tok, name=cfg.name,
@@ -312,7 +312,7 @@ def tie_to_target(draft, target) -> None:
 
 
 def load_tied_draft(path: Path, target, dtype: str = "float32", attn_implementation: str = "sdpa"):
-    """A draft saved without its embedding (``mtad.train.trainer.export``), re-tied to ``target``'s embedding/head."""
+    """A draft saved without its embedding (``mtad.train.export.export``), re-tied to ``target``'s embedding/head."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -321,7 +321,7 @@ def load_tied_draft(path: Path, target, dtype: str = "float32", attn_implementat
     weights = path / "model.safetensors"
     if not weights.is_file() or not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} lacks config.json/model.safetensors: re-export it with "
-                                "`python -m mtad.train.trainer` (a finished run exports on resume)")
+                                "`python -m mtad.train` (a finished run exports on resume)")
     config = AutoConfig.from_pretrained(path)
     for key in ("vocab_size", "hidden_size"):
         a, b = getattr(config, key), getattr(target.config, key)
