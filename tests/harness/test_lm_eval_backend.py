@@ -30,7 +30,7 @@ from mtad.decoding import DecoderConfig, generate
 from mtad.harness.lm_eval_backend import MTADLM, load_models
 from mtad.measure.metrics import sequence_logprobs
 
-TASKS = Path(__file__).resolve().parent / "lm_eval_tasks"
+TASKS = Path(__file__).resolve().parents[1] / "lm_eval_tasks"
 T1 = "do_sample=True,temperature=1.0,top_k=0,top_p=1.0"  # full-vocabulary sampling at T=1
 
 

@@ -16,7 +16,7 @@ import logging
 import pytest
 import tinymodels as tm
 import torch
-from test_decoding import DECODERS, DRAFTED, ids
+from decoding.test_decoders import DECODERS, DRAFTED, ids
 from transformers import DynamicCache
 
 import mtad

@@ -13,7 +13,7 @@ from mtad._util.paths import REPO_ROOT
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-CONTROLS = Path(__file__).parent / "fixtures" / "controls" / "quick_controls.jsonl"
+CONTROLS = Path(__file__).parents[1] / "fixtures" / "controls" / "quick_controls.jsonl"
 
 
 def test_analysis_notebook_plots_the_controls_with_error_bars(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ from mtad.report.claims import claims, verdict
 from mtad.report.frame import prepare
 from mtad.report.render import render_markdown
 
-FIXTURE = Path(__file__).parent / "fixtures" / "results_small.jsonl"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "results_small.jsonl"
 
 
 # ------------------------------------------------------------------------------------------- bootstrap

@@ -30,7 +30,7 @@ from mtad.report.claims import claims
 from mtad.report.frame import prepare
 from mtad.report.render import render_markdown, write_tables
 
-FIXTURE = Path(__file__).parent / "fixtures" / "results_small.jsonl"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "results_small.jsonl"
 PRESETS = sorted(p.stem for p in (REPO_ROOT / "conf" / "experiment").glob("*.yaml"))
 SMALL = ["task.n_prompts=1", "decoder.max_new_tokens=6", "warmup=0"]
 

@@ -126,7 +126,7 @@ def test_sampling_differs_from_greedy_control(dtype):
     assert any(o != oracle("llama", dtype) for o in outs)
 
 
-# ---- tree checks (tests/test_kv_tree.py) in half precision ---------------------------------------------
+# ---- tree checks (tests/decoding/test_kv_tree.py) in half precision ---------------------------------------------
 def _tree_errors(m, dtype) -> list[float]:
     _, tree, out = kvt.build_tree(m)
     return [float((logits - kvt.alone(m, kvt.PREFIX[:4] + tree.paths[i])).abs().max()) for i, logits in out.items()]

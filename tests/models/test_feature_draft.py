@@ -11,7 +11,7 @@ import functools
 import pytest
 import tinymodels as tm
 import torch
-from test_decoding import DRAFTED, N_DRAWS, N_NEW, PROMPT, SETTINGS, broken_speculative, chi_square, ids
+from decoding.test_decoders import DRAFTED, N_DRAWS, N_NEW, PROMPT, SETTINGS, broken_speculative, chi_square, ids
 
 import mtad
 import mtad.decoding.speculative as speculative_mod
@@ -150,7 +150,7 @@ def dist_feature_pair(setting: str) -> ModelPair:
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_speculative_stays_lossless_with_a_feature_draft(setting, monkeypatch):
-    """As tests/test_decoding.py::test_lossless_joint_of_two_tokens, with a feature draft: the first two tokens
+    """As tests/decoding/test_decoders.py::test_lossless_joint_of_two_tokens, with a feature draft: the first two tokens
     of 500 decodes follow the exact filtered target joint; the broken rule must fail the same bound.
     Measured (statistic ok / broken, bound): full 2.4 / 76.1 (27.9); top-k/top-p 9.9 / 91.0 (20.5)."""
     cfg = dict(name="speculative", **SETTINGS[setting][3])

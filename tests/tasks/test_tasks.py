@@ -1,4 +1,4 @@
-"""Tasks: loading, selection, rendering, postprocessing, scoring (HumanEval: test_tasks_humaneval_sandbox.py)."""
+"""Tasks: loading, selection, rendering, postprocessing, scoring (HumanEval: test_humaneval_sandbox.py)."""
 from __future__ import annotations
 
 import json

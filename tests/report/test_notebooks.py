@@ -12,7 +12,7 @@ from mtad._util.paths import REPO_ROOT
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-FIXTURE = Path(__file__).parent / "fixtures" / "results_small.jsonl"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "results_small.jsonl"
 
 
 def _execute(name: str, results: Path, out: Path, workdir: Path, monkeypatch) -> str:
