@@ -432,8 +432,8 @@ def _published_hash_inputs(*extra: str):
                == ("speculative", "mt_bench"))
     register_configs()
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["experiment=cpu_table_feature", "decoder=speculative", "task=mt_bench",
-                                           *extra])
+        cfg = compose("config", overrides=["experiment=cpu_table", "experiment/pair@pair=smollm2_feature",
+                                           "decoder=speculative", "task=mt_bench", *extra])
     resolved = OmegaConf.to_container(cfg, resolve=True)
     try:
         data = get_task(TaskConfig.from_any(resolved["task"])).data_fingerprint()
@@ -443,7 +443,7 @@ def _published_hash_inputs(*extra: str):
 
 
 def test_new_decoder_keys_keep_published_hashes(monkeypatch):
-    from mtad.harness import store
+    from mtad.harness import rows as store
 
     resolved, row = _published_hash_inputs()
     assert set(HASH_LATE_KEYS) <= set(resolved["decoder"])  # the new keys are in the resolved config
