@@ -208,7 +208,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def run(args) -> list[dict]:
     from mtad._util.paths import REPO_ROOT
-    from mtad.harness.store import environment_info, git_info
+    from mtad.harness.rows import environment_info, git_info
 
     torch.set_num_threads(args.threads)
     if args.costs:
@@ -290,7 +290,7 @@ def cost_table(args) -> list[dict]:
     target 1-token step and (gamma+1)-token verify pass, fp32, int8 and bf16; draft 1-token step for every head
     mode (and bf16 layers with the reduced int8 head). Ratios are to the fp32 target step of the same run."""
     from mtad._util.paths import REPO_ROOT
-    from mtad.harness.store import environment_info, git_info
+    from mtad.harness.rows import environment_info, git_info
     from mtad.models import smollm2
     from mtad.models.draft_head import install_head
     from mtad.models.load import ModelConfig, load_pair, load_tied_draft, resolve_local

@@ -27,18 +27,9 @@ from mtad._util.io import atomic_write
 from mtad.harness.rows import (
     ResultRow,
     check_version,
-    config_hash,
-    environment_info,
     flatten_dict,
-    git_info,
     to_json_line,
 )
-
-# config_hash, environment_info, git_info: re-exported for importers that still name this module
-# (experiments/bench_hf.py, tests/harness/test_progress.py, tests/models/test_cheaper_passes.py);
-# they live in mtad.harness.rows
-__all__ = ["append_row", "config_hash", "environment_info", "existing_hashes", "git_info", "load_frame",
-           "load_results", "main", "write_jsonl_atomic"]
 
 log = logging.getLogger(__name__)
 

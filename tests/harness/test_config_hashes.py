@@ -18,8 +18,9 @@ from omegaconf import OmegaConf
 
 from mtad._util.paths import REPO_ROOT, default_data_dir
 from mtad.harness import sweep
+from mtad.harness.rows import config_hash
 from mtad.harness.runner import weights_fingerprint
-from mtad.harness.store import config_hash, load_results
+from mtad.harness.store import load_results
 from mtad.models.load import ModelConfig
 from mtad.tasks.base import TaskConfig, get_task
 

@@ -67,7 +67,7 @@ def test_summary_table_of_a_row(tmp_path):
 
 
 def test_progress_flag_does_not_change_the_config_hash(tmp_path):
-    from mtad.harness.store import config_hash
+    from mtad.harness.rows import config_hash
 
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
         on, off = (compose(config_name="config", overrides=[f"progress={v}"]) for v in ("true", "false"))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import mtad
-from mtad.harness.store import config_hash
+from mtad.harness.rows import config_hash
 from mtad.measure.agreement import agreement
 from mtad.models.draft_head import FILL, DraftHead
 from mtad.models.load import ModelConfig, load_pair
