@@ -29,9 +29,8 @@ test: $(STAMP)  ## run the default test suite (CPU; no slow/gpu tests; includes 
 test-all: $(STAMP)  ## every test, slow ones included (GPU tests skip without CUDA)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "" $(ARGS)
 
-RUN_SIZE ?= task.n_prompts=12 task.few_shot=0 decoder.max_new_tokens=96
-run: $(STAMP)  ## the main job, ~4 min on 2 CPU cores: MTAD, embedded SmolLM2 pair, 12 GSM8K prompts x 96 tokens (README: the full job)
-	HF_HUB_OFFLINE=1 $(PY) -m mtad model=smollm2 decoder=mtad task=gsm8k $(RUN_SIZE) num_threads=1 $(ARGS)
+run: $(STAMP)  ## the main job (<= 5 min on 2 CPU cores): sampling vs speculative vs MTAD on 20 GSM8K prompts, best embedded pair, table with intervals
+	HF_HUB_OFFLINE=1 $(PY) -m mtad.harness.compare $(ARGS)
 
 sweep: $(STAMP)  ## a grid: speculative vs mtad on gsm8k and humaneval with the embedded pair
 	HF_HUB_OFFLINE=1 $(PY) -m mtad -m model=smollm2 decoder=speculative,mtad task=gsm8k,humaneval num_threads=1 $(ARGS)

@@ -137,7 +137,8 @@ def _drop(d: dict, dotted: str) -> None:
 
 def canonical_config(cfg: Any, exclude: Iterable[str] = VOLATILE_KEYS) -> dict:
     """The resolved config as plain data minus ``exclude`` (top-level keys or dotted paths) and minus the
-    decoder keys that were added later and hold their defaults (:func:`_drop_late_defaults`)."""
+    decoder keys that were added later and hold their defaults (:func:`_drop_late_defaults`), with renamed
+    pairs under their old names (:data:`RENAMED_PAIRS`)."""
     plain = _plain(cfg)
     if not isinstance(plain, dict):
         raise ValueError(f"config_hash needs a mapping config, got {type(cfg).__name__}")
@@ -145,7 +146,15 @@ def canonical_config(cfg: Any, exclude: Iterable[str] = VOLATILE_KEYS) -> dict:
     for key in exclude:
         _drop(plain, key)
     _drop_late_defaults(plain)
+    model = plain.get("model")
+    if isinstance(model, dict) and model.get("name") in RENAMED_PAIRS:
+        model["name"] = RENAMED_PAIRS[model["name"]]
     return plain
+
+
+# Pairs renamed after rows were written: their configs hash under the old name, so the old rows still count
+# as done. conf/model/smollm2_token.yaml was model=smollm2 until 2026-12-05 (now the best pair's alias).
+RENAMED_PAIRS = {"smollm2_token": "smollm2"}
 
 
 def _drop_late_defaults(plain: dict) -> None:

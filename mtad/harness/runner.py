@@ -9,6 +9,8 @@ atomically, so an interrupted run leaves no partial row, and only if no row of t
 appended meanwhile (checked again under the lock). If the append fails, the row goes to ``row.json`` in
 the run directory (:func:`save_row`). Prompts that do not fit (task ``max_prompt_tokens`` or the model's
 context) are skipped with the reason recorded (``task.on_long_prompt=error`` makes them fail instead).
+The phases are the methods of :class:`Job`; ``run_interleaved(cfgs)`` runs several decoders' jobs on one
+loaded pair prompt by prompt (the main job, :mod:`mtad.harness.compare`).
 """
 from __future__ import annotations
 
@@ -28,11 +30,11 @@ from mtad.harness.config import experiment_name
 from mtad.harness.progress import PromptBar
 from mtad.harness.rows import ResultRow, config_hash, to_json_line
 from mtad.harness.rundir import check_results_file, check_writable
-from mtad.harness.store import append_row, existing_hashes, write_jsonl_atomic
+from mtad.harness.store import append_row, existing_hashes, load_results, write_jsonl_atomic
 from mtad.harness.tracking import TrackingConfig, make_tracker
 from mtad.measure.energy import EnergyMeter, combine_readings
 from mtad.measure.metrics import diversity, perplexity, run_metrics, sequence_logprobs
-from mtad.models.load import ModelConfig, load_pair, resolve_local
+from mtad.models.load import ModelConfig, load_pair, resolve_alias, resolve_local
 from mtad.tasks.base import TaskConfig, get_task
 
 log = logging.getLogger(__name__)
@@ -40,68 +42,146 @@ log = logging.getLogger(__name__)
 
 def run(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict | None:
     """Run one experiment; returns the result row (dict), or None when it already exists."""
-    resolved = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)
-    dec = DecoderConfig.from_any(resolved["decoder"])
-    mcfg = ModelConfig(**resolved["model"]) if not isinstance(resolved["model"], ModelConfig) else resolved["model"]
-    if dec.proposer == "ngram":  # a draft-free proposer: the pair's draft is neither loaded nor fingerprinted
-        mcfg = replace(mcfg, draft=None, draft_head="full")
-    tcfg = TaskConfig.from_any(resolved["task"])
-    track = TrackingConfig.from_any(resolved.get("tracking"))
-    results_file = Path(resolved.get("results_dir", "results")) / f"{experiment_name(resolved)}.jsonl"
-    check_results_file(results_file)  # unwritable output fails here, before any work (mtad.harness.rundir)
-    task = get_task(tcfg)
-    samples = task.samples()  # bad data fails here, before any model is loaded
-    # a retrained local draft or an edited data file is a new config
-    resolved = {**resolved, "weights": weights_fingerprint(mcfg), "data": task.data_fingerprint()}
-    key = config_hash(resolved)
-    if not resolved.get("force") and key in existing_hashes(results_file):
-        log.info("skipping: %s already holds a row for config %s (force=true reruns it)", results_file, key[:12])
+    job = Job.prepare(cfg, run_dir)
+    if job is None:
         return None
-    run_dir = Path(run_dir or _hydra_run_dir() or results_file.parent / "runs" / key[:12])
-    check_writable(run_dir, "run directory", "hydra.run.dir (or run_dir)")
-    if resolved.get("num_threads"):
-        torch.set_num_threads(int(resolved["num_threads"]))
-    pair = load_pair(mcfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tracker = make_tracker(track, run_dir)
-    tracker.start(resolved, name=f"{dec.name}-{tcfg.name}-{mcfg.name}")
+    job.start(load_pair(job.mcfg))
+    for sample in job.samples:
+        job.decode(sample)
+    return job.finish()
 
-    rng = torch.Generator(device=pair.device).manual_seed(int(resolved.get("seed", 0)))
-    _warmup(pair, task, samples[: int(resolved.get("warmup", 0))], dec, mcfg, rng)
-    rows, decodes, logps, scores, readings, skips = [], [], [], [], [], Counter()
-    meter = EnergyMeter(_gpu_indices(pair))
-    bar = PromptBar(len(samples), f"{dec.name} {tcfg.name}", bool(resolved.get("progress", True)))
-    for sample in samples:
+
+def run_interleaved(cfgs: list[DictConfig | dict], on_prompt=None) -> list[dict | None]:
+    """Run several configs of one pair and task on one loaded pair, prompt by prompt: prompt i is decoded by
+    every config in turn, the order rotated by one each prompt, so that slow drift of the machine (thermal,
+    other load) falls on every config alike and timing ratios are paired. Each config still gets its own
+    row, run directory and resume check; ``on_prompt(i, n)`` is called after each prompt. Returns the rows
+    in ``cfgs`` order; a config that already had a row is not decoded again and its stored row is returned."""
+    jobs = [Job.prepare(c, keep_done=True) for c in cfgs]
+    live = [j for j in jobs if not j.done]
+    if not live:
+        return [j.stored_row() for j in jobs]
+    first = live[0]
+    for j in live[1:]:
+        if j.mcfg != first.mcfg or [s.id for s in j.samples] != [s.id for s in first.samples]:
+            raise ValueError("run_interleaved needs one pair and one prompt set: the configs differ in "
+                             "model or task (compare decoders only)")
+    pair = load_pair(first.mcfg)
+    for j in live:
+        j.start(pair)
+    n = len(first.samples)
+    for i in range(n):
+        for k in range(len(live)):
+            job = live[(i + k) % len(live)]
+            job.decode(job.samples[i])
+        if on_prompt is not None:
+            on_prompt(i + 1, n)
+    return [j.stored_row() if j.done else j.finish() for j in jobs]
+
+
+class Job:
+    """One config's run between :meth:`prepare` (checks, data, resume) and :meth:`finish` (row, samples)."""
+
+    def __init__(self, resolved: dict, dec: DecoderConfig, mcfg: ModelConfig, tcfg: TaskConfig, task, samples,
+                 results_file: Path, run_dir: Path, track: TrackingConfig, key: str = "", done: bool = False):
+        self.key, self.done = key, done  # done: the results file already holds this config's row
+        self.resolved, self.dec, self.mcfg, self.tcfg, self.task = resolved, dec, mcfg, tcfg, task
+        self.samples, self.results_file, self.run_dir, self.track = samples, results_file, run_dir, track
+        self.rows, self.decodes, self.logps, self.scores, self.readings = [], [], [], [], []
+        self.skips: Counter = Counter()
+
+    @classmethod
+    def prepare(cls, cfg: DictConfig | dict, run_dir: str | Path | None = None, keep_done: bool = False) -> "Job | None":
+        """Validate everything, check that the outputs can be written and read the data, before any model
+        is loaded. When the results file already holds this config's row (and not ``force``): None, or with
+        ``keep_done`` a Job marked ``done`` whose :meth:`stored_row` reads that row."""
+        resolved = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)
+        dec = DecoderConfig.from_any(resolved["decoder"])
+        mcfg = ModelConfig(**resolved["model"]) if not isinstance(resolved["model"], ModelConfig) else resolved["model"]
+        mcfg, why = resolve_alias(mcfg)  # model=smollm2: the best embedded pair for this machine
+        if why:
+            log.info("%s", why)
+            resolved = {**resolved, "model": asdict(mcfg)}  # hashed and recorded as the pair it stands for
+        if dec.proposer == "ngram":  # a draft-free proposer: the pair's draft is neither loaded nor fingerprinted
+            mcfg = replace(mcfg, draft=None, draft_head="full")
+        tcfg = TaskConfig.from_any(resolved["task"])
+        track = TrackingConfig.from_any(resolved.get("tracking"))
+        results_file = Path(resolved.get("results_dir", "results")) / f"{experiment_name(resolved)}.jsonl"
+        check_results_file(results_file)  # unwritable output fails here, before any work (mtad.harness.rundir)
+        task = get_task(tcfg)
+        samples = task.samples()  # bad data fails here, before any model is loaded
+        # a retrained local draft or an edited data file is a new config
+        resolved = {**resolved, "weights": weights_fingerprint(mcfg), "data": task.data_fingerprint()}
+        key = config_hash(resolved)
+        done = not resolved.get("force") and key in existing_hashes(results_file)
+        if done:
+            log.info("skipping: %s already holds a row for config %s (force=true reruns it)", results_file, key[:12])
+            if not keep_done:
+                return None
+        run_dir = Path(run_dir or _hydra_run_dir() or results_file.parent / "runs" / key[:12])
+        if not done:
+            check_writable(run_dir, "run directory", "hydra.run.dir (or run_dir)")
+        return cls(resolved, dec, mcfg, tcfg, task, samples, results_file, run_dir, track, key, done)
+
+    def stored_row(self) -> dict:
+        """The latest row of this config in the results file."""
+        for row in reversed(load_results(self.results_file)):
+            if row.get("config_hash") == self.key:
+                return row
+        raise FileNotFoundError(f"{self.results_file} holds no row for config {self.key[:12]}")
+
+    def start(self, pair) -> None:
+        """Take the loaded pair, open the run directory and tracker, decode the warm-up prompts."""
+        if self.resolved.get("num_threads"):
+            torch.set_num_threads(int(self.resolved["num_threads"]))
+        self.pair = pair
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.tracker = make_tracker(self.track, self.run_dir)
+        self.tracker.start(self.resolved, name=f"{self.dec.name}-{self.tcfg.name}-{self.mcfg.name}")
+        self.rng = torch.Generator(device=pair.device).manual_seed(int(self.resolved.get("seed", 0)))
+        _warmup(pair, self.task, self.samples[: int(self.resolved.get("warmup", 0))], self.dec, self.mcfg, self.rng)
+        self.meter = EnergyMeter(_gpu_indices(pair))
+        self.bar = PromptBar(len(self.samples), f"{self.dec.name} {self.tcfg.name}",
+                             bool(self.resolved.get("progress", True)))
+
+    def decode(self, sample) -> None:
+        """Every turn of one sample (timed, energy window around each), then its scores."""
         history: list[str] = []
-        for turn in range(_turns(task, sample)):
-            row = _one(pair, task, sample, turn, history, dec, mcfg, rng, meter, bool(resolved.get("perplexity", True)))
-            rows.append(row)
+        for turn in range(_turns(self.task, sample)):
+            row = _one(self.pair, self.task, sample, turn, history, self.dec, self.mcfg, self.rng, self.meter,
+                       bool(self.resolved.get("perplexity", True)))
+            self.rows.append(row)
             if row.get("skip_reason"):
-                skips[row.get("skip_kind") or row["skip_reason"]] += 1
+                self.skips[row.get("skip_kind") or row["skip_reason"]] += 1
                 break
             history.append(row["completion"])
-            decodes.append(row.pop("_result"))
-            readings.append(row.pop("_energy"))
+            self.decodes.append(row.pop("_result"))
+            self.readings.append(row.pop("_energy"))
             if row.get("_logp") is not None:
-                logps.append(row.pop("_logp"))
+                self.logps.append(row.pop("_logp"))
             if row["scores"]:
-                scores.append(row["scores"])
-        bar.step(decodes)
-    bar.close()
-    row = _finish(resolved, dec, mcfg, tcfg, task, pair, rows, decodes, logps, scores, readings, skips, run_dir)
-    samples_error = _save_samples(run_dir, rows) if resolved.get("save_samples", True) else None
-    if not save_row(results_file, row, run_dir, unless_done=not resolved.get("force")):
-        tracker.finish(row.to_dict(), result_file=None)
-        return None
-    with contextlib.suppress(OSError):
-        OmegaConf.save(OmegaConf.create(resolved), run_dir / "resolved_config.yaml")
-    tracker.log_samples(rows)
-    tracker.finish(row.to_dict(), result_file=results_file)
-    log.info("wrote a row to %s: %s", results_file, _summary(row.metrics))
-    if samples_error is not None:
-        raise ResultsNotAppended(f"the row was appended to {results_file}, but {run_dir / 'samples.jsonl'} "
-                                 f"could not be written ({samples_error}): the per-prompt samples are lost")
-    return row.to_dict()
+                self.scores.append(row["scores"])
+        self.bar.step(self.decodes)
+
+    def finish(self) -> dict | None:
+        """Build the row, write samples.jsonl and append the row; None when a concurrent run appended it."""
+        self.bar.close()
+        resolved, run_dir, results_file = self.resolved, self.run_dir, self.results_file
+        row = _finish(resolved, self.dec, self.mcfg, self.tcfg, self.task, self.pair, self.rows, self.decodes,
+                      self.logps, self.scores, self.readings, self.skips, run_dir)
+        samples_error = _save_samples(run_dir, self.rows) if resolved.get("save_samples", True) else None
+        if not save_row(results_file, row, run_dir, unless_done=not resolved.get("force")):
+            self.tracker.finish(row.to_dict(), result_file=None)
+            return None
+        with contextlib.suppress(OSError):
+            OmegaConf.save(OmegaConf.create(resolved), run_dir / "resolved_config.yaml")
+        self.tracker.log_samples(self.rows)
+        self.tracker.finish(row.to_dict(), result_file=results_file)
+        log.info("wrote a row to %s: %s", results_file, _summary(row.metrics))
+        if samples_error is not None:
+            raise ResultsNotAppended(f"the row was appended to {results_file}, but {run_dir / 'samples.jsonl'} "
+                                     f"could not be written ({samples_error}): the per-prompt samples are lost")
+        return row.to_dict()
 
 
 class ResultsNotAppended(OSError):

@@ -49,7 +49,8 @@ PROFILES = {"quick": (("quick",), ("quick_controls",)), "cpu": (("cpu_table",),)
             "cpu_feature": (("cpu_table", f"{_PAIR}=smollm2_feature"),),
             "cpu_bf16": (("cpu_table", f"{_PAIR}=smollm2_bf16"),),
             "cpu_bf16_feature": (("cpu_table", f"{_PAIR}=smollm2_bf16_feature"),),
-            "cpu_full": (("cpu_full",),), "paper": (("paper_table",),)}
+            "cpu_full": (("cpu_full",),),
+            "cpu_qa": (("cpu_qa",), ("cpu_qa_nq",)), "paper": (("paper_table",),)}
 # Extra runs a preset's table needs but its grid cannot express (a Hydra grid is a Cartesian product), each
 # a list of overrides (sweeps allowed): the speed-up baseline of the ablations that sweep only MTAD settings,
 # and the reviewers' controls beside the temperature sweep (MTAD at several tau, speculative with a fixed
@@ -62,6 +63,10 @@ EXTRA_RUNS = {
                     ["decoder=speculative_threshold", f"decoder.tau={_TAUS}"], ["decoder=speculative"]],
     "quick_controls": [["decoder=sampling", "decoder.top_p=0.7,1.0"], ["decoder=mtad", "decoder.tau=0.1,0.5,0.9"],
                        ["decoder=speculative_threshold", "decoder.tau=0.1,0.5,0.9"], ["decoder=speculative"]],
+    # greedy; the temperature frontier on capitals: sampling cooler, MTAD at a lower and a higher tau
+    "cpu_qa": [["decoder=greedy"], ["decoder=sampling", "decoder.temperature=0.3,0.6", "task=capitals"],
+               ["decoder=mtad", "decoder.tau=0.1,0.8", "task=capitals"]],
+    "cpu_qa_nq": [["decoder=greedy"]],
 }
 
 

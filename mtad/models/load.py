@@ -6,6 +6,7 @@ is neither on disk nor reachable fails within seconds with the command that fetc
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -62,8 +63,8 @@ class ModelConfig:
 
         if self.kind not in KINDS:
             bad("kind", str(KINDS))
-        if self.dtype not in DTYPES:
-            bad("dtype", str(DTYPES))
+        if self.dtype not in DTYPES and self.dtype != "auto":
+            bad("dtype", f"auto or one of {DTYPES}")
         if self.draft_dtype is not None and self.draft_dtype not in DTYPES:
             bad("draft_dtype", f"null or one of {DTYPES}")
         if self.device not in DEVICES:
@@ -83,8 +84,10 @@ class ModelConfig:
 
         if self.quantize not in QUANTIZE:
             bad("quantize", str(QUANTIZE))
-        if self.draft_head not in HEAD_MODES:
-            bad("draft_head", str(HEAD_MODES))
+        if self.draft_head not in HEAD_MODES and self.draft_head != "auto":
+            bad("draft_head", f"auto or one of {HEAD_MODES}")
+        if "auto" in (self.dtype, self.draft_head) and self.kind != "smollm2":
+            bad("dtype" if self.dtype == "auto" else "draft_head", "'auto' only for the embedded pair (kind smollm2)")
 
     @classmethod
     def from_any(cls, cfg: "ModelConfig | Mapping[str, Any] | None" = None, **overrides) -> "ModelConfig":
@@ -95,9 +98,35 @@ class ModelConfig:
         return cls(**base)
 
 
+def resolve_alias(cfg: ModelConfig, bf16: Optional[bool] = None) -> tuple[ModelConfig, Optional[str]]:
+    """``model=smollm2`` (``dtype: auto``, ``draft_head: auto``) stands for the best embedded pair on this
+    machine: bfloat16 with the int8 reduced draft head where the CPU multiplies bf16 natively
+    (``smollm2_bf16_feature``), float32 with the reduced head otherwise (``smollm2_feature``; emulated bf16
+    makes a multi-token verify pass cost several 1-token steps), bfloat16 with the reduced head on a GPU.
+    The config becomes that pair's, name included, so its rows hash and read as the explicit pair's.
+    Returns ``(cfg, None)`` when nothing is ``auto``, else the resolved config and one line saying why."""
+    if "auto" not in (cfg.dtype, cfg.draft_head):
+        return cfg, None
+    import torch
+
+    gpu = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    native = True if gpu else (cpu_has_bf16() if bf16 is None else bf16)
+    dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if native else "float32")
+    head = cfg.draft_head if cfg.draft_head != "auto" else (
+        "reduced_int8" if dtype == "bfloat16" and not gpu else "reduced")
+    name = cfg.name
+    if cfg.name == "smollm2":
+        name = "smollm2_bf16_feature" if dtype == "bfloat16" else "smollm2_feature"
+    where = ("a CUDA device" if gpu else "this CPU multiplies bfloat16 natively (AVX512-BF16/AMX-BF16)" if native
+             else "this CPU has no native bfloat16 (it would be emulated)" if native is False
+             else "this CPU's bfloat16 support is unknown (no /proc/cpuinfo)")
+    why = f"model={cfg.name} -> {name} (dtype {dtype}, draft head {head}): {where}"
+    return dataclasses.replace(cfg, name=name, dtype=dtype, draft_head=head), why
+
+
 def load_pair(cfg: "ModelConfig | Mapping[str, Any]") -> ModelPair:
     """Load target, draft and tokenizer; check that the draft speaks the target's vocabulary."""
-    cfg = ModelConfig.from_any(cfg)
+    cfg, _ = resolve_alias(ModelConfig.from_any(cfg))
     loader = {"hf": _load_hf, "tiny": _load_tiny, "smollm2": _load_smollm2}[cfg.kind]
     pair = loader(cfg)
     _cheaper_passes(cfg, pair)

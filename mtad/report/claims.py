@@ -62,6 +62,12 @@ def claims(df, claim_list: Iterable[Claim] = CLAIMS) -> list[dict]:
     return [_judge(c, prim) for c in claim_list]
 
 
+def by_task(df, c: Claim) -> list[dict]:
+    """The claim judged on each task alone (the pooled figure can hide a task where it fails)."""
+    prim = _primary(df)
+    return [{**_judge(c, prim[prim["task"] == t]), "task": t} for t in sorted(set(prim["task"]))]
+
+
 def _judge(c: Claim, prim) -> dict:
     cells, on_paper = _cells(prim, c.method, c.versus, c.pairs)
     ivs = [(m, b, *_cell_interval(c.kind, m, b)) for m, b in cells]

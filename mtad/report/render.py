@@ -21,7 +21,7 @@ from typing import Any
 
 from mtad.measure.costmodel import declared_profile
 from mtad.report import stats
-from mtad.report.claims import DASH, PERCENT_KINDS, claims, per_run_rows, verdict
+from mtad.report.claims import CLAIMS, DASH, PERCENT_KINDS, by_task, claims, per_run_rows, verdict
 from mtad.report.frame import (
     BASELINE,
     DIVERSITY,
@@ -244,6 +244,12 @@ def claim_rows(df) -> tuple[list[str], list[list[str]]]:
                 where += "; not the paper's pairs"
         rows.append([c["version"], c["claim"], paper, c["comparison"], _fmt_claim_ci(c), verdict(c), where,
                      "; ".join(c["hardware"]) or DASH])
+        if c["kind"] == "score_change" and len(c["tasks"]) > 1:  # the downstream claim per task too
+            claim = next(x for x in CLAIMS if x.text == c["claim"])
+            for t in (t for t in by_task(df, claim) if t["n_cells"]):
+                rows.append([c["version"], f"↳ {t['task']} only", paper, c["comparison"], _fmt_claim_ci(t),
+                             verdict(t), f"{', '.join(t['pairs'])} × {t['task']} (n = {t['n']})",
+                             "; ".join(t["hardware"]) or DASH])
     return header, rows
 
 
@@ -368,7 +374,7 @@ def _md_claims(df) -> list[str]:
 _TEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                 "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
                 "×": r"$\times$", "—": "---", "–": "--", "−": "$-$", "τ": r"$\tau$", "γ": r"$\gamma$",
-                "†": r"\textdagger{}", "‡": r"\textdaggerdbl{}", "Δ": r"$\Delta$", "·": r"$\cdot$"}
+                "†": r"\textdagger{}", "↳": r"$\hookrightarrow$", "‡": r"\textdaggerdbl{}", "Δ": r"$\Delta$", "·": r"$\cdot$"}
 
 
 def tex_escape(text: str) -> str:

@@ -97,6 +97,33 @@ def test_cpu_table_pair_picks_the_model_and_names_the_rows():
     assert names == ["smollm2", "smollm2_bf16", "smollm2_bf16_feature", "smollm2_feature"]
     for name in names:
         cfg = _compose(["experiment=cpu_table", f"experiment/pair@pair={name}"])
-        assert cfg.model.name == name and cfg.experiment == "cpu_table" + name.removeprefix("smollm2"), name
+        model = "smollm2_token" if name == "smollm2" else name  # PROFILE=cpu: the fp32 token-draft pair
+        assert cfg.model.name == model and cfg.experiment == "cpu_table" + name.removeprefix("smollm2"), name
     # negative control: the model alone does not rename the rows (nor did it before the pairs were one preset)
     assert _compose(["experiment=cpu_table", "model=smollm2_bf16"]).experiment == "cpu_table"
+
+
+def test_model_smollm2_is_the_best_pair_for_the_machine():
+    """model=smollm2 resolves to the explicit bf16 or fp32 feature pair, field for field (so its rows hash as
+    that pair's); the old token pair keeps its own name and hashes under its old one."""
+    from dataclasses import asdict
+
+    from mtad.harness.rows import config_hash
+    from mtad.models.load import ModelConfig, resolve_alias
+
+    alias = ModelConfig(**OmegaConf.to_container(_compose(["model=smollm2", "model.device=cpu"]).model))
+    for native, explicit in ((True, "smollm2_bf16_feature"), (False, "smollm2_feature")):
+        got, why = resolve_alias(alias, bf16=native)
+        want = ModelConfig(**OmegaConf.to_container(_compose([f"model={explicit}", "model.device=cpu"]).model))
+        assert got == want and explicit in why, (native, why)
+        assert config_hash({"model": asdict(got)}) == config_hash({"model": asdict(want)})
+    # negative controls: an explicit pair is left alone; the two resolutions differ
+    token = ModelConfig(**OmegaConf.to_container(_compose(["model=smollm2_token"]).model))
+    assert resolve_alias(token) == (token, None) and token.draft == "models/smollm2-draft"
+    assert resolve_alias(alias, bf16=True)[0] != resolve_alias(alias, bf16=False)[0]
+    # the renamed pair hashes under its old name, and only it does
+    old = {"model": {**asdict(token), "name": "smollm2"}}
+    assert config_hash({"model": asdict(token)}) == config_hash(old)
+    assert config_hash({"model": {**asdict(token), "name": "smollm2_feature"}}) != config_hash(old)
+    with pytest.raises(ValueError, match="only for the embedded pair"):
+        ModelConfig(name="x", kind="tiny", dtype="auto")

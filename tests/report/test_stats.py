@@ -187,3 +187,32 @@ def test_seed_sweep_rows_are_pooled_into_one_row(tmp_path):
     assert m.seeds == [0, 1]
     assert "24 × 2 seeds" in render_markdown(pd.DataFrame([flatten_dict(r) for r in rows + extra]),
                                              search=[tmp_path], profiles=[])
+
+
+def test_downstream_claim_is_given_pooled_and_per_task(tmp_path):
+    """Two tasks: MTAD scores higher than sampling on one, equal on the other; the claims table gives the
+    pooled score change and one line per task, each with its own verdict (the equal task is the control)."""
+    import pandas as pd
+
+    from mtad.report.render import claim_rows
+
+    rows = []
+    for task, gain in (("gsm8k", 0.3), ("capitals", 0.0)):
+        for r in _rows_with_records(tmp_path / task):
+            r = json.loads(json.dumps(r))
+            r["task"]["name"] = task
+            name = r["decoder"]["name"]
+            run = tmp_path / task / "runs" / name
+            score = lambda i: float((i % 10) < (4 + 10 * gain * (name == "mtad")))  # noqa: E731
+            samples = [{**s, "scores": {"accuracy": score(i)}} for i, s in enumerate(_samples(40))]
+            (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+            r["run_dir"] = str(run)
+            r["metrics"]["score"] = {"accuracy": float(np.mean([s["scores"]["accuracy"] for s in samples]))}
+            rows.append(r)
+    df = prepare(pd.DataFrame([flatten_dict(r) for r in rows]), search=[tmp_path], profiles=[])
+    _, table = claim_rows(df)
+    down = [r for r in table if "downstream" in r[1] or r[1].startswith("↳")]
+    assert [r[1][:11] for r in down] == ["downstream ", "↳ capitals ", "↳ gsm8k onl"]
+    assert down[0][5].startswith("significant") and "capitals, gsm8k" in down[0][6]
+    assert down[1][4].startswith("+0.0 %") and down[1][5].startswith("not significant")
+    assert down[2][4].startswith("+75.0 %") and down[2][5].startswith("significant at n = 40")
