@@ -56,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         mcfg, why = resolve_alias(ModelConfig.from_any(resolved[0]["model"]))
         print(f"pair: {why or mcfg.name}", flush=True)
         n = resolved[0]["task"]["n_prompts"]
-        print(f"decoding {n or 'all'} {resolved[0]['task']['name']} prompts x {resolved[0]['decoder']['max_new_tokens']} "
+        tokens = resolved[0]["decoder"]["max_new_tokens"]
+        print(f"decoding {n or 'all'} {resolved[0]['task']['name']} prompts x {tokens} "
               f"new tokens with {', '.join(decoders)} (interleaved, one thread)", flush=True)
         t0 = time.perf_counter()
         rows = run_interleaved(cfgs, on_prompt=lambda i, total: _progress(i, total, t0))

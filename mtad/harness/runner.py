@@ -91,7 +91,8 @@ class Job:
         self.skips: Counter = Counter()
 
     @classmethod
-    def prepare(cls, cfg: DictConfig | dict, run_dir: str | Path | None = None, keep_done: bool = False) -> "Job | None":
+    def prepare(cls, cfg: DictConfig | dict, run_dir: str | Path | None = None,
+                keep_done: bool = False) -> "Job | None":
         """Validate everything, check that the outputs can be written and read the data, before any model
         is loaded. When the results file already holds this config's row (and not ``force``): None, or with
         ``keep_done`` a Job marked ``done`` whose :meth:`stored_row` reads that row."""

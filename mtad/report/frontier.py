@@ -168,7 +168,8 @@ def frontier_verdict(pts: Sequence[Point]) -> list[str]:
 
 def table(pts: Sequence[Point], pair: str, task: str, hardware: str) -> str:
     lines = [f"# Accuracy vs diversity: {task}, {pair} ({hardware})", "",
-             "| decoder setting | accuracy [95 % CI] | distinct-2 [95 % CI] | prompts | seeds |", "|---|---|---|---|---|"]
+             "| decoder setting | accuracy [95 % CI] | distinct-2 [95 % CI] | prompts | seeds |",
+             "|---|---|---|---|---|"]
     for p in sorted(pts, key=lambda p: (p.family, p.setting or 0)):
         a, d = p.accuracy, p.distinct2
         lines.append(f"| {p.label} | {a[0]:.3f} [{a[1]:.3f}, {a[2]:.3f}] | {d[0]:.3f} [{d[1]:.3f}, {d[2]:.3f}] | "

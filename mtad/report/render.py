@@ -374,7 +374,8 @@ def _md_claims(df) -> list[str]:
 _TEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                 "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
                 "×": r"$\times$", "—": "---", "–": "--", "−": "$-$", "τ": r"$\tau$", "γ": r"$\gamma$",
-                "†": r"\textdagger{}", "↳": r"$\hookrightarrow$", "‡": r"\textdaggerdbl{}", "Δ": r"$\Delta$", "·": r"$\cdot$"}
+                "†": r"\textdagger{}",
+                "↳": r"$\hookrightarrow$", "‡": r"\textdaggerdbl{}", "Δ": r"$\Delta$", "·": r"$\cdot$"}
 
 
 def tex_escape(text: str) -> str:

@@ -36,7 +36,8 @@ def _samp(t: float) -> dict:
 
 def _rows(tmp: Path, mtad_acc: float) -> list[dict]:
     # the frontier: cooler sampling is more accurate and less diverse
-    rows = [_run(tmp, f"s{t}", _samp(t), acc, vocab) for t, acc, vocab in ((0.3, 0.8, 8), (0.6, 0.6, 30), (1.0, 0.4, 200))]
+    rows = [_run(tmp, f"s{t}", _samp(t), acc, vocab)
+            for t, acc, vocab in ((0.3, 0.8, 8), (0.6, 0.6, 30), (1.0, 0.4, 200))]
     rows += [_run(tmp, "s1b", _samp(1.0), 0.4, 200, seed=1)]
     rows += [_run(tmp, "m", {"name": "mtad", "tau": 0.5}, mtad_acc, 30)]
     rows += [_run(tmp, "g", {"name": "greedy"}, 0.9, 6)]

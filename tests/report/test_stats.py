@@ -203,7 +203,8 @@ def test_downstream_claim_is_given_pooled_and_per_task(tmp_path):
             r["task"]["name"] = task
             name = r["decoder"]["name"]
             run = tmp_path / task / "runs" / name
-            score = lambda i: float((i % 10) < (4 + 10 * gain * (name == "mtad")))  # noqa: E731
+            cut = 4 + 10 * gain * (name == "mtad")
+            score = lambda i, cut=cut: float((i % 10) < cut)  # noqa: E731
             samples = [{**s, "scores": {"accuracy": score(i)}} for i, s in enumerate(_samples(40))]
             (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
             r["run_dir"] = str(run)
