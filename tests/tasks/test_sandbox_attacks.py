@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def cgroups_of(pid: int) -> list[str]:
 def traced(monkeypatch):
     """Record the sandbox folders the client makes and the supervisors it starts."""
     seen = {"work": [], "pids": []}
-    mkdtemp, popen = client.tempfile.mkdtemp, client.subprocess.Popen
+    mkdtemp, popen = tempfile.mkdtemp, subprocess.Popen
 
     def record_dir(*a, **k):
         seen["work"].append(mkdtemp(*a, **k))
@@ -93,8 +94,8 @@ def traced(monkeypatch):
         seen["pids"].append(proc.pid)
         return proc
 
-    monkeypatch.setattr(client.tempfile, "mkdtemp", record_dir)
-    monkeypatch.setattr(client.subprocess, "Popen", record_proc)
+    monkeypatch.setattr(tempfile, "mkdtemp", record_dir)
+    monkeypatch.setattr(subprocess, "Popen", record_proc)
     return seen
 
 
