@@ -5,7 +5,8 @@ line and exit status 2; what the run created is removed unless it holds results 
 In a multirun a bad job does not stop the sweep: its error goes to the log, to stderr and to
 ``error.json`` in its job directory, the remaining jobs run, and the whole multirun exits with status 2
 at the end, listing the failed jobs. (Only the local launcher's jobs share this process; with a remote
-launcher, e.g. SLURM, each job's ``error.json`` is the record.)
+launcher, e.g. SLURM, each job's ``error.json`` is the record.) Ctrl-C ends the run with one line and exit
+status 130, no traceback; an interrupted run appends no row (appends are atomic).
 """
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ def main(cfg: DictConfig) -> None:
             row = run(cfg)
         if row is not None:
             print(summary_table(row))
+    except KeyboardInterrupt:
+        if not _is_multirun():
+            _drop_failed_run_dir()
+        _interrupted()
     except Exception as err:
         multirun = _is_multirun()
         if not isinstance(err, BAD_INPUT) and not multirun:
@@ -89,9 +94,18 @@ def _drop_failed_run_dir() -> None:
         log.debug("removed what the failed run created: %s", ", ".join(map(str, removed)))
 
 
+def _interrupted() -> None:
+    print("mtad: interrupted: no row was written for the run in progress (rows already appended stay)",
+          file=sys.stderr)
+    sys.exit(130)
+
+
 def cli() -> None:
     """``main`` plus the multirun's exit status: 2 when any job failed on bad input."""
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # outside a job (Hydra composing, launching)
+        _interrupted()
     if _FAILED_JOBS:
         print(f"mtad: error: {len(_FAILED_JOBS)} job(s) of the multirun failed (the others ran):",
               file=sys.stderr)

@@ -20,11 +20,17 @@ def fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
+def real_path(path: str | Path) -> Path:
+    """``path`` with every symlink resolved (also a dangling one: where its target would be)."""
+    return Path(os.path.realpath(path))
+
+
 def atomic_write(path: str | Path, data: bytes | str | Callable[[str], None]) -> None:
     """Write ``data`` (bytes, text, or a function that writes a given file name, e.g. ``torch.save``) to a
     temp file beside ``path``, fsync it, then ``os.replace`` it over ``path``. The file keeps the mode of
-    the one it replaces (a new file gets 0644)."""
-    path = Path(path)
+    the one it replaces (a new file gets 0644). A symlink is written through: the file it points to is
+    replaced (beside the target), and the link stays a link."""
+    path = real_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

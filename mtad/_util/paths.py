@@ -14,10 +14,17 @@ def default_data_dir() -> Path:
 
 
 def cache_dir() -> Path:
-    """``$MTAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/mtad`` (``~/.cache/mtad``): converted weights live here."""
+    """``$MTAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/mtad`` (``~/.cache/mtad``): converted weights live here.
+    NotADirectoryError (one line naming the variable) when that path, or a folder above it, is a file."""
     env = os.environ.get("MTAD_CACHE_DIR")
-    if env:
-        return Path(env)
     xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "mtad"
+    path = Path(env) if env else (Path(xdg) if xdg else Path.home() / ".cache") / "mtad"
+    probe = path
+    while not os.path.exists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        var = "MTAD_CACHE_DIR" if env else "XDG_CACHE_HOME" if xdg else "HOME"
+        raise NotADirectoryError(f"the cache folder {path} cannot be used: {probe} is a file, not a folder; set "
+                                 f"{var} (MTAD_CACHE_DIR for mtad alone) to a folder")
+    return path
 

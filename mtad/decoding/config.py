@@ -17,6 +17,9 @@ ACCEPT_RULES = ("lossless", "threshold", "block", "typical", "fuzzy")
 NGRAM_DECODERS = ("speculative", "mtad")  # decoders that take proposer=ngram (one chain, no tree)
 # Keys added after result rows were first written: left out of the config hash at their defaults, so such a
 # row is still found (mtad.harness.store.canonical_config). A key added later belongs here too.
+FINITE_RANGES = {"temperature": "T >= 0", "top_p": "0 < top_p <= 1", "tau": "0 < tau <= 1",
+                 "typical_threshold": "0 <= typical_threshold <= 1", "typical_alpha": "typical_alpha >= 0",
+                 "block_top_p": "0 < block_top_p <= 1"}
 HASH_LATE_KEYS = ("proposer", "ngram_max", "typical_threshold", "typical_alpha", "fuzzy_divergence",
                   "fuzzy_threshold")
 
@@ -51,6 +54,13 @@ class DecoderConfig:
         def bad(param: str, allowed: str) -> None:
             raise ValueError(f"decoder.{param}={getattr(self, param)!r} is out of range: allowed {allowed}")
 
+        for key in ("temperature", "top_p", "tau", "typical_threshold", "typical_alpha", "block_top_p"):
+            if not math.isfinite(getattr(self, key)):  # nan/inf pass every comparison below or break later
+                bad(key, "a finite number (" + FINITE_RANGES[key] + ")")
+        if math.isnan(self.fuzzy_threshold):
+            bad("fuzzy_threshold", "fuzzy_threshold >= 0 (inf accepts every draft token)")
+        if self.eos_token_id is not None and self.eos_token_id < 0:
+            bad("eos_token_id", "null (the target's own) or a token id >= 0")
         if self.max_new_tokens < 1:
             bad("max_new_tokens", "an integer >= 1")
         if self.temperature < 0:

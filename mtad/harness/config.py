@@ -9,13 +9,14 @@ type fails at compose time with a message naming the key.
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from mtad.decoding.config import DecoderConfig
-from mtad.harness.rundir import run_uid
 from mtad.harness.tracking import TrackingConfig
 from mtad.models.load import ModelConfig
 from mtad.tasks.base import TaskConfig
@@ -55,15 +56,55 @@ class RunConfig:
     progress: bool = True  # progress bar on stderr (shown only when stderr is a terminal)
 
 
+# top-level numbers: (lowest value, the valid range in words)
+RUN_RANGES = {"seed": (0, "an integer >= 0"), "warmup": (0, "an integer >= 0 (prompts decoded untimed first)"),
+              "num_threads": (0, "an integer >= 0 (0 leaves torch's default; try 1)")}
+
+
 def experiment_name(cfg) -> str:
-    """The results-file name of a resolved config: ``name`` if set, else ``experiment``."""
-    return cfg.get("name") or cfg.get("experiment") or "default"
+    """The results-file name of a resolved config: ``name`` if set, else ``experiment``; a ValueError unless it
+    is a plain file name (``results/<name>.jsonl`` must stay inside ``results_dir``)."""
+    key = "name" if cfg.get("name") else "experiment"
+    value = cfg.get(key) or "default"
+    text = str(value)
+    if "/" in text or "\\" in text or "\0" in text or text.strip(".") == "" or ".." in text:
+        raise ValueError(f"{key}={text!r} is not a plain file name: results go to <results_dir>/<{key}>.jsonl, so "
+                         f"use a name without '/', '\\' or '..' (choose the folder with results_dir=...)")
+    return text
+
+
+def check_run(cfg) -> None:
+    """The top-level settings of a resolved config (``RunConfig``'s own keys): a ValueError naming the key and
+    its valid range. The groups are checked by their own frozen classes."""
+    experiment_name(cfg)
+    for key, (low, allowed) in RUN_RANGES.items():
+        value = cfg.get(key, low)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{key}={value!r} is out of range: allowed {allowed}")
+
+
+def check_settings(cfg: Any) -> None:
+    """Every setting of a composed config, before anything is created: each group through its frozen class
+    (ranges, finiteness, choices) and the top-level keys (:func:`check_run`). A ValueError naming the key."""
+    def group(key: str) -> Any:
+        node = OmegaConf.select(cfg, key, throw_on_missing=False) if OmegaConf.is_config(cfg) else cfg.get(key)
+        return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+    DecoderConfig.from_any(group("decoder"))
+    ModelConfig.from_any(group("model"))
+    TaskConfig.from_any(group("task") or {})
+    TrackingConfig.from_any(group("tracking"))
+    check_run({key: group(key) for key in ("name", "experiment", *RUN_RANGES) if group(key) is not None})
+
+
+def run_uid() -> str:
+    """Six random hex digits: the ``${mtad.uid:}`` resolver, so that two jobs started in the same second
+    never share a run directory (cached per config by OmegaConf, like ``${now:}``, so a sweep's jobs agree)."""
+    return secrets.token_hex(3)
 
 
 def register_configs() -> None:
     """Store ``base_config`` and register the ``${mtad.uid:}`` resolver (a random per-config suffix that
     keeps run directories of jobs started in the same second apart; see ``conf/config.yaml``)."""
-    from omegaconf import OmegaConf
-
     ConfigStore.instance().store(name="base_config", node=RunConfig)
     OmegaConf.register_new_resolver("mtad.uid", run_uid, use_cache=True, replace=True)

@@ -5,7 +5,8 @@
   (an ``OSError``) with one line naming the path and the fix. The checks leave nothing behind: a folder
   is probed with a temporary file that is removed at once, and no folder or lock file is created.
 - :class:`RunDirGuard`: a Hydra callback (``hydra.callbacks`` in ``conf/config.yaml``). ``on_run_start``
-  runs before Hydra creates the run directory: it runs the checks (exit 2 with one line if they fail,
+  runs before Hydra creates the run directory: it checks every setting (:func:`mtad.harness.config.check_settings`:
+  ranges, finiteness, ``name`` a plain file name) and the output paths (exit 2 with one line if they fail,
   nothing written) and records what exists there (:class:`Snapshot`). When the run then fails on bad
   input, :func:`remove_failed_run` removes only what this run created, and only when the run wrote no
   results: a run directory that existed before (``hydra.run.dir=.``, an existing folder, the results
@@ -18,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import shutil
 import sys
 import tempfile
@@ -29,17 +29,17 @@ from typing import Any, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from mtad._util.io import real_path
+from mtad.harness.config import check_settings, experiment_name
+
 log = logging.getLogger(__name__)
+
+
+PROBE_BYTES = 64 << 10  # what the write check writes (and removes): more than Hydra writes before a run
 
 
 class NotWritable(OSError):
     """A run's output path cannot be created or written (the message names the path and the fix)."""
-
-
-def run_uid() -> str:
-    """Six random hex digits: the ``${mtad.uid:}`` resolver, so that two jobs started in the same second
-    never share a run directory (cached per config by OmegaConf, like ``${now:}``, so a sweep's jobs agree)."""
-    return secrets.token_hex(3)
 
 
 # ------------------------------------------------------------------------------------------- checks
@@ -59,17 +59,22 @@ def check_writable(folder: str | Path, what: str, key: str) -> None:
                           f"remove or rename {probe}, or set {key} to another folder")
     try:
         fd, tmp = tempfile.mkstemp(dir=probe, prefix=".mtad-probe-")
-        os.close(fd)
-        os.unlink(tmp)
+        try:
+            os.write(fd, bytes(PROBE_BYTES))  # a full disk takes an empty file but not Hydra's config files
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            os.unlink(tmp)
     except OSError as err:
-        raise NotWritable(f"{what} {target} cannot be written: creating a file in {probe} fails "
-                          f"({err.strerror or err}); set {key} to a writable folder") from None
+        raise NotWritable(f"{what} {target} cannot be written: writing a file in {probe} fails "
+                          f"({err.strerror or err}); free space there or set {key} to a writable folder") from None
 
 
 def check_results_file(path: str | Path) -> None:
     """The results file and its ``.lock`` can be written: the folder as in :func:`check_writable`, and
-    each of the two, where it exists, is a regular file that opens for appending (unchanged)."""
-    path = Path(path).absolute()
+    each of the two, where it exists, is a regular file that opens for appending (unchanged). A symlink is
+    checked where it points (the store writes through it, :mod:`mtad.harness.store`)."""
+    path = real_path(Path(path).absolute())
     check_writable(path.parent, "results folder", "results_dir")
     for f in (path, path.with_name(path.name + ".lock")):
         if not os.path.lexists(f):
@@ -154,11 +159,11 @@ def _select(config: DictConfig, key: str) -> Any:
 
 def _results_file(config: DictConfig) -> Optional[Path]:
     results_dir = _select(config, "results_dir")
-    name = _select(config, "name") or _select(config, "experiment") or "default"
+    name = experiment_name({"name": _select(config, "name"), "experiment": _select(config, "experiment")})
     return Path(str(results_dir)) / f"{name}.jsonl" if results_dir is not None else None
 
 
-def _fail(err: NotWritable) -> None:
+def _fail(err: Exception) -> None:
     print(f"mtad: error: {err}", file=sys.stderr)
     sys.exit(2)
 
@@ -167,6 +172,10 @@ class RunDirGuard(Callback):
     """Checks the output paths before Hydra creates anything, and snapshots a single run's directory."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            check_settings(config)
+        except ValueError as err:
+            _fail(err)
         out = _check_outputs(config, "hydra.run.dir", "run directory")
         if out is not None:
             snapshot(out, _select(config, "hydra.output_subdir"))
@@ -185,6 +194,6 @@ def _check_outputs(config: DictConfig, key: str, what: str) -> Any:
         results = _results_file(config)
         if results is not None:
             check_results_file(results)
-    except NotWritable as err:
+    except (NotWritable, ValueError) as err:
         _fail(err)
     return out

@@ -26,7 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mtad.decoding import DecoderConfig, PromptTooLong, generate
-from mtad.harness.config import experiment_name
+from mtad.harness.config import check_run, experiment_name
 from mtad.harness.progress import PromptBar
 from mtad.harness.rows import ResultRow, config_hash, to_json_line
 from mtad.harness.rundir import check_results_file, check_writable
@@ -35,7 +35,7 @@ from mtad.harness.tracking import TrackingConfig, make_tracker
 from mtad.measure.energy import EnergyMeter, combine_readings
 from mtad.measure.metrics import diversity, perplexity, run_metrics, sequence_logprobs
 from mtad.models.load import ModelConfig, load_pair, resolve_alias, resolve_local
-from mtad.tasks.base import TaskConfig, get_task
+from mtad.tasks.base import Prompt, TaskConfig, get_task
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,7 @@ class Job:
         is loaded. When the results file already holds this config's row (and not ``force``): None, or with
         ``keep_done`` a Job marked ``done`` whose :meth:`stored_row` reads that row."""
         resolved = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)
+        check_run(resolved)  # name, seed, warmup, num_threads (the groups: their frozen classes, next)
         dec = DecoderConfig.from_any(resolved["decoder"])
         mcfg = ModelConfig(**resolved["model"]) if not isinstance(resolved["model"], ModelConfig) else resolved["model"]
         mcfg, why = resolve_alias(mcfg)  # model=smollm2: the best embedded pair for this machine
@@ -252,10 +253,24 @@ def _turns(task, sample) -> int:
     return min(task.cfg.turns, len(sample.turns))
 
 
+def _encode(task, sample, tokenizer, turn, history, chat) -> Prompt:
+    """``task.encode``, except that a row the template or the tokenizer cannot take (e.g. a lone surrogate that
+    got past loading) becomes a skipped prompt with its reason, as a too-long one does: one row's content
+    never ends a run. (A ValueError, e.g. no chat template or ``task.on_long_prompt=error``, is about the run,
+    not the row, and still ends it.)"""
+    try:
+        return task.encode(sample, tokenizer, turn, history, chat)
+    except (TypeError, UnicodeError) as err:  # what tokenizers raise on text they cannot encode
+        log.warning("prompt %s turn %d skipped: it cannot be rendered or tokenized (%s: %s)", sample.id, turn,
+                    type(err).__name__, err)
+        return Prompt("", [], f"cannot be rendered or tokenized: {type(err).__name__}: {err}"[:500],
+                      skip_kind=f"prompts that cannot be rendered or tokenized ({type(err).__name__})")
+
+
 def _warmup(pair, task, samples, dec, mcfg, rng) -> None:
     """Untimed decodes so that kernels, allocators and caches are warm; nothing is recorded."""
     for sample in samples:
-        prompt = task.encode(sample, pair.tokenizer, 0, (), mcfg.chat_template)
+        prompt = _encode(task, sample, pair.tokenizer, 0, (), mcfg.chat_template)
         if prompt.ids:
             try:
                 generate(pair, prompt.ids, dec, torch.Generator(device=rng.device).manual_seed(12345))
@@ -264,7 +279,7 @@ def _warmup(pair, task, samples, dec, mcfg, rng) -> None:
 
 
 def _one(pair, task, sample, turn, history, dec, mcfg, rng, meter, want_ppl) -> dict:
-    prompt = task.encode(sample, pair.tokenizer, turn, history, mcfg.chat_template)
+    prompt = _encode(task, sample, pair.tokenizer, turn, history, mcfg.chat_template)
     base = {"id": sample.id, "turn": turn, "meta": sample.meta, "prompt": prompt.text,
             "prompt_tokens": len(prompt.ids), "prompt_truncated": prompt.truncated}
     if prompt.skip_reason:
@@ -321,6 +336,8 @@ def nothing_decoded(rows: list[dict], skips: Counter) -> str:
         parts.append(f"{n} {kind} ({min(lengths)}-{max(lengths)} tokens)")
     fix = ("raise task.max_prompt_tokens or set task.on_long_prompt=truncate"
            if any("max_prompt_tokens" in k for k in skips) else
+           "fix those rows of the data file (each is logged above with its reason)"
+           if all("cannot be rendered" in k for k in skips) else
            "use shorter prompts, a model with a longer context, or task.on_long_prompt=truncate")
     total = sum(skips.values())
     return f"no prompt was decoded: all {total} selected prompts were skipped: {'; '.join(parts)}; {fix}"

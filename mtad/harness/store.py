@@ -1,5 +1,8 @@
 """The results files: ``results/<experiment>.jsonl``, one row (:mod:`mtad.harness.rows`) per line.
 
+- A results file that is a symlink (e.g. to shared storage) is written through: the lock and the atomic
+  replace act on the file it points to, so the link stays a link and writers through the link and through
+  the real path queue on one lock.
 - ``append_row``: crash-safe and multi-process safe. Under an exclusive ``flock`` on ``<file>.lock`` the
   whole new file (old lines + the new line) is written to a temp file in the same directory, fsynced and
   ``os.replace``d over the old one (``mtad._util.io.atomic_write``): a crash or Ctrl-C leaves the old, valid
@@ -23,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
-from mtad._util.io import atomic_write
+from mtad._util.io import atomic_write, real_path
 from mtad.harness.rows import (
     ResultRow,
     check_version,
@@ -35,11 +38,22 @@ log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------------- writing
+def lock_path(path: str | Path) -> Path:
+    """The lock of a results file: ``<file>.lock`` beside the file itself (a symlink's target)."""
+    real = real_path(path)
+    return real.with_name(real.name + ".lock")
+
+
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Exclusive ``flock`` on ``<path>.lock`` (a separate file, so ``os.replace`` cannot swap it away)."""
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+    with open(lock_path(path), "a") as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another writer (a sweep's job, another machine on shared storage) holds it
+            log.warning("waiting for %s: another process is writing %s", lock.name, path)
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            log.info("got %s", lock.name)
         try:
             yield
         finally:
@@ -52,7 +66,7 @@ def append_row(path: str | Path, row: ResultRow | Mapping[str, Any], unless_hash
     ``unless_hash``: under the lock, first look for a row with that ``config_hash`` and, if there is one,
     write nothing and return False (the "already done" check repeated where no other writer can slip in
     between, so two identical concurrent sweeps never write a row twice). True when the row was written."""
-    path = Path(path)
+    path = real_path(path)  # a symlink: its target (see the module docstring)
     row = row.to_dict() if isinstance(row, ResultRow) else dict(row)
     check_version(row.get("schema_version"), "the row to append")
     line = to_json_line(row).encode()  # serialise before touching the file: a bad value fails here
@@ -76,14 +90,16 @@ def _hashes_in(data: bytes) -> set[str]:
 
 
 def _drop_bad_tail(path: Path, data: bytes) -> bytes:
-    """Drop an unparsable last line (left by a writer killed outside ``append_row``), so that it does not
-    become a damaged line in the middle of the file once a new row follows it."""
+    """Drop a last line that is not a JSON object (left by a writer killed outside ``append_row``), so that it
+    does not become a damaged line in the middle of the file, which the reader refuses, once a new row follows
+    it. The line is logged."""
     body = data.rstrip(b"\n")
     head, _, last = body.rpartition(b"\n")
     if not last.strip():
         return data
     try:
-        json.loads(last)
+        if not isinstance(json.loads(last), dict):
+            raise ValueError("not a JSON object")
     except ValueError:
         log.warning("%s: dropping a bad trailing line before appending: %r", path, last[:80])
         return head + b"\n" if head else b""
@@ -111,11 +127,11 @@ def _result_files(path_or_dir: str | Path) -> list[Path]:
 def _read_jsonl(path: Path) -> list[dict]:
     """Rows of one file. A bad LAST line (a writer killed outside ``append_row``) is reported and
     skipped; a bad line before the end means the file was damaged, and is an error."""
-    lines = [(n, s) for n, s in enumerate(path.read_text().splitlines(), 1) if s.strip()]
+    lines = [(n, s) for n, s in enumerate(path.read_bytes().splitlines(), 1) if s.strip()]
     rows = []
     for i, (n, text) in enumerate(lines):
         try:
-            row = json.loads(text)
+            row = json.loads(text.decode("utf-8"))  # invalid UTF-8: a bad line, named with its number
             if not isinstance(row, dict):
                 raise ValueError("not a JSON object")
         except ValueError as exc:

@@ -20,6 +20,7 @@ import logging
 import netrc
 import os
 import re
+import threading
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 
 BACKENDS = ("none", "wandb")
 MODES = ("online", "offline", "disabled")
+INIT_SLACK_S = 2.0  # importing wandb and starting its service, on top of tracking.init_timeout_s
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,9 @@ class TrackingConfig:
     """Config group ``tracking/``. ``mode: null`` picks "online" when a W&B API key is configured
     (``WANDB_API_KEY`` or a netrc entry for the W&B host) and "offline" otherwise; a ``WANDB_MODE``
     environment variable, when set, wins over that guess. ``dir: null`` puts W&B files in the run directory.
-    ``init_timeout_s`` bounds ``wandb.init`` (an unreachable server): after it the run goes on untracked and
-    its local row is written as always."""
+    ``init_timeout_s`` bounds ``wandb.init`` (an unreachable server): after it (plus ``INIT_SLACK_S`` for
+    importing wandb) the run goes on untracked and its local row is written as always. The bound is ours,
+    not only W&B's setting, whose retries may run past it."""
 
     backend: str = "none"
     project: str = "mtad"
@@ -50,8 +53,9 @@ class TrackingConfig:
     init_timeout_s: float = 15.0  # online: give up on an unreachable server after this (W&B's own: 90)
 
     def __post_init__(self) -> None:
-        if not self.init_timeout_s > 0:
-            raise ValueError(f"tracking.init_timeout_s={self.init_timeout_s!r} must be > 0 seconds")
+        if not 0 < self.init_timeout_s < float("inf"):  # nan too
+            raise ValueError(f"tracking.init_timeout_s={self.init_timeout_s!r} is out of range: a finite number "
+                             "of seconds > 0")
         if self.backend not in BACKENDS:
             raise ValueError(f"tracking.backend={self.backend!r} is not one of {list(BACKENDS)}")
         if self.mode is not None and self.mode not in MODES:
@@ -155,15 +159,12 @@ class WandbTracker(Tracker):
 
     @_guard
     def start(self, resolved_config: dict, name: str) -> None:
-        import wandb
-
         wandb_dir = Path(self.cfg.dir) if self.cfg.dir else self.run_dir
         wandb_dir.mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=self.cfg.project, entity=self.cfg.entity, mode=self.mode,
-                              dir=str(wandb_dir), name=name, group=self.cfg.group,
-                              tags=list(self.cfg.tags) or None, config=dict(resolved_config),
-                              reinit="finish_previous",
-                              settings=wandb.Settings(init_timeout=float(self.cfg.init_timeout_s)))
+        kwargs = dict(project=self.cfg.project, entity=self.cfg.entity, mode=self.mode, dir=str(wandb_dir),
+                      name=name, group=self.cfg.group, tags=list(self.cfg.tags) or None, config=dict(resolved_config),
+                      reinit="finish_previous")
+        self.run = _bounded_init(kwargs, float(self.cfg.init_timeout_s))
         log.info("W&B run %s (%s) in %s", name, self.mode, wandb_dir)
 
     @_guard
@@ -200,6 +201,42 @@ class WandbTracker(Tracker):
                 run.finish(exit_code=1)
             except Exception:  # noqa: BLE001 - already failing; nothing more to report
                 pass
+
+
+def _bounded_init(kwargs: dict, timeout_s: float) -> Any:
+    """``wandb.init(**kwargs)`` in a thread, waited for ``timeout_s + INIT_SLACK_S`` at most: past that a
+    TimeoutError (the thread is left behind; a run it starts late is finished at once)."""
+    box: dict = {}
+    lock = threading.Lock()
+
+    def init() -> None:
+        try:
+            import wandb  # heavy optional dependency: only W&B tracking needs it
+
+            run = wandb.init(**kwargs, settings=wandb.Settings(init_timeout=timeout_s))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box["error"] = exc
+            return
+        with lock:
+            box["run"] = run
+            late = box.get("abandoned", False)
+        if late:
+            try:
+                run.finish(exit_code=1)
+            except Exception:  # noqa: BLE001 - nobody is waiting for this run any more
+                pass
+
+    thread = threading.Thread(target=init, name="mtad-wandb-init", daemon=True)
+    thread.start()
+    thread.join(timeout_s + INIT_SLACK_S)
+    with lock:
+        if "run" not in box and "error" not in box:
+            box["abandoned"] = True
+            raise TimeoutError(f"W&B did not start within {timeout_s:g} s (tracking.init_timeout_s) plus "
+                               f"{INIT_SLACK_S:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["run"]
 
 
 def _cell(v: Any) -> Any:

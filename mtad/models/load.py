@@ -81,6 +81,10 @@ class ModelConfig:
             bad("target", "a hub id or a local directory when kind is 'hf'")
         if self.kind == "tiny" and self.tiny_arch not in ("llama", "opt"):
             bad("tiny_arch", "'llama' or 'opt'")
+        for key in ("target", "draft"):  # the tiny pair is built in-process: a path here would be ignored yet recorded
+            if self.kind == "tiny" and getattr(self, key) is not None:
+                bad(key, f"null with kind=tiny (its {key} is the built-in random one); use a pair of kind 'hf' "
+                         f"for model.{key}=...")
 
         if self.quantize not in QUANTIZE:
             bad("quantize", str(QUANTIZE))

@@ -67,8 +67,8 @@ class TaskConfig:
                 raise ValueError(f"task.{key}={getattr(self, key)!r} is out of range: must be >= {low}")
         if self.turns not in (1, 2):
             raise ValueError(f"task.turns={self.turns!r} is not valid: 1 (first turn) or 2 (both turns)")
-        if self.timeout_s <= 0:
-            raise ValueError(f"task.timeout_s={self.timeout_s!r} must be > 0 seconds")
+        if not 0 < self.timeout_s < float("inf"):  # nan too
+            raise ValueError(f"task.timeout_s={self.timeout_s!r} is out of range: a finite number of seconds > 0")
         if self.source == "hub" and not self.hub_id:
             raise ValueError("task.source=hub needs task.hub_id (a Hugging Face dataset id)")
 

@@ -30,30 +30,51 @@ def iter_rows(path: Path) -> Iterator[tuple[str, Any]]:
     A row that is not valid JSON is yielded as an ``Exception`` so the caller reports and skips it.
     """
     name = path.name.removesuffix(".gz")
-    if name.endswith(".csv"):
-        yield from _csv_rows(path)
-    elif name.endswith(".json") and _starts_with_array(path):
-        with _open_text(path) as f:
-            for i, row in enumerate(json.load(f)):
-                yield f"{path} row {i}", row
+    if name.endswith(".csv") or (name.endswith(".json") and _starts_with_array(path)):
+        try:
+            yield from _csv_rows(path) if name.endswith(".csv") else _array_rows(path)
+        except UnicodeDecodeError as err:  # one undecodable byte spoils the whole array / CSV reader
+            raise ValueError(f"{path} is not valid UTF-8 text (byte {err.start}); re-save it as UTF-8 or "
+                             "convert it to JSON lines, where one bad line is skipped") from None
     else:
-        with _open_text(path) as f:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
             for lineno, line in enumerate(f, 1):
                 if line.strip():
                     yield f"{path}:{lineno}", _loads(line)
 
 
-def _loads(line: str) -> Any:
+def _loads(line: bytes) -> Any:
     try:
-        return json.loads(line)
+        return json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        return ValueError(f"not valid UTF-8 (byte {err.start}: {line[err.start:err.start + 1]!r})")
     except json.JSONDecodeError as err:
         return err
 
 
-def _starts_with_array(path: Path) -> bool:
+def _bad_text(value: Any) -> str | None:
+    """A string in ``value`` (a row) that is not valid Unicode text: an escaped lone surrogate (``"\\ud800"``)
+    decodes into one, and a tokenizer cannot take it. None when there is none."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            return f"a lone surrogate {value[err.start]!r} at character {err.start}"
+        return None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return next((bad for bad in map(_bad_text, items) if bad), None)
+
+
+def _array_rows(path: Path) -> Iterator[tuple[str, Any]]:
     with _open_text(path) as f:
+        for i, row in enumerate(json.load(f)):
+            yield f"{path} row {i}", row
+
+
+def _starts_with_array(path: Path) -> bool:
+    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
         head = f.read(4096).lstrip()
-    return head.startswith("[")
+    return head.startswith(b"[")
 
 
 def _csv_rows(path: Path) -> Iterator[tuple[str, Any]]:
@@ -108,6 +129,8 @@ def _kind(row: Any, err: Exception) -> str:
         return "not valid JSON"
     if isinstance(row, Exception):
         return "unreadable row"
+    if isinstance(err, UnicodeError):
+        return "text that is not valid Unicode"
     if isinstance(err, KeyError):
         return f"missing field {err}"
     return getattr(err, "kind", None) or "invalid value"
@@ -128,6 +151,9 @@ def parse_rows(rows: Iterator[tuple[str, Any]], parse: Callable[[dict, int], T]
                 raise row
             if not isinstance(row, dict):
                 raise TypeError(f"expected an object, got {type(row).__name__}")
+            bad = _bad_text(row)
+            if bad:
+                raise UnicodeError(f"text that is not valid Unicode: {bad}")
             out.append((where, parse(row, index)))
         except (KeyError, ValueError, TypeError) as err:  # JSONDecodeError is a ValueError
             why = f"missing field {err}" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"

@@ -10,6 +10,7 @@ Config hashes: a published row's hash is reproduced with the new decoder keys pr
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -483,12 +484,15 @@ def test_runner_records_the_rule_and_loads_no_draft_for_ngram(tmp_path, monkeypa
     data = tmp_path / "p.jsonl"
     data.write_text(json.dumps({"id": "p0", "prompt": "say hi", "answer": "hi"}) + "\n")
     asked, load = [], runner.load_pair
-    monkeypatch.setattr(runner, "load_pair", lambda mcfg: asked.append(mcfg.draft) or load(mcfg))
+    # an hf pair naming a draft, loaded as the tiny pair (kind=tiny refuses a model.draft it would ignore)
+    monkeypatch.setattr(runner, "load_pair", lambda mcfg: asked.append(mcfg.draft) or load(
+        dataclasses.replace(mcfg, kind="tiny", target=None, draft=None)))
     register_configs()
     rows = []
     for preset in ("block", "speculative", "speculative_ngram"):
         with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
-            cfg = compose("config", overrides=["model=tiny", "model.draft=no/such/draft", "task=jsonl",
+            cfg = compose("config", overrides=["model=tiny", "model.kind=hf", "model.target=no/such/target",
+                                               "model.draft=no/such/draft", "task=jsonl",
                                                f"task.data_file={data}", "warmup=0", f"results_dir={tmp_path / 'res'}",
                                                "name=t", f"decoder={preset}", "decoder.max_new_tokens=6"])
         rows.append(runner.run(cfg, run_dir=tmp_path / preset))

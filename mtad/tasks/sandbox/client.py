@@ -21,15 +21,26 @@ the supervisor's stdout, which the candidate never holds. Isolation, best first 
 rlimits (address space, CPU, file size, processes, open files, no core), a wall-clock limit, a total memory
 cap over all of the candidate's processes (a memory cgroup where one can be made, else polling of their
 resident memory; ``memory_cap`` in the result), and every process killed and reaped on return.
+
+Bounded, whatever the candidate does: its verdict comes ``timeout_s`` after it starts plus the supervisor's
+``GRACE_S`` (0.5 s) and the time to kill it, in practice under a second; past ``timeout_s + GUARD_S`` the
+runner kills the supervisor itself (every process of the sandbox dies with it: ``PR_SET_PDEATHSIG``), then
+kills whatever is left in the sandbox's cgroup, its uid (root) or its session, and removes the sandbox's
+folder and cgroup (:func:`_clean_up`). A supervisor that ends without a verdict after the candidate started
+is a failed sample, logged; one that never started the candidate raises :class:`SandboxError`.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +48,11 @@ log = logging.getLogger(__name__)
 WORKER = Path(__file__).with_name("worker.py")
 ISOLATION = ("auto", "namespaces", "uid", "none")
 _fallback: str | None = None  # set once ``auto`` found namespaces unusable on this machine
+GUARD_S = 12.0  # the runner's hard limit is timeout_s + this (the jail's setup may take up to 10 s)
+
+
+class SandboxError(OSError):
+    """The sandbox could not run the candidate at all (the message says why): not a verdict."""
 
 
 @dataclass(frozen=True)
@@ -86,32 +102,128 @@ def _run(job: dict, limits: Limits) -> RunResult:
     job = {**job, "timeout_s": limits.timeout_s, "memory_mb": limits.memory_mb, "output_bytes": limits.output_bytes,
            "processes": limits.processes, "open_files": limits.open_files, "disk_mb": limits.disk_mb,
            "max_files": limits.max_files, "isolation": isolation}
-    result = _supervise(job, limits.timeout_s + 20.0)
+    result = _supervise(job, limits.timeout_s + GUARD_S)
     if result.status == "sandbox_error" and isolation == "auto":
         _fallback = "uid"
         log.warning("the HumanEval sandbox cannot use namespaces here (%s); falling back to %s isolation",
                     result.message, "uid" if os.geteuid() == 0 else "no (unsandboxed)")
-        result = _supervise({**job, "isolation": _fallback}, limits.timeout_s + 20.0)
+        result = _supervise({**job, "isolation": _fallback}, limits.timeout_s + GUARD_S)
     if result.status == "sandbox_error":
-        raise RuntimeError(f"the HumanEval sandbox could not start ({isolation} isolation): {result.message}")
+        raise SandboxError(f"the HumanEval sandbox could not start ({isolation} isolation): {result.message}; "
+                           "try task.sandbox=uid (as root) or task.sandbox=none (unsandboxed)")
     return result
 
 
 def _supervise(job: dict, guard_s: float) -> RunResult:
+    """Run the supervisor on ``job`` for at most ``guard_s`` seconds, then clean up after it on every path."""
+    work = tempfile.mkdtemp(prefix="mtad-sandbox-")
+    job = {**job, "work": work, "uid": 0x60000000 + secrets.randbelow(1 << 24)}
+    start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-I", str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True, text=True)
+    killed = False
     try:
         out, err = proc.communicate(json.dumps(job), timeout=guard_s)
     except subprocess.TimeoutExpired:
+        killed = True
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        out, err = _drain(proc)
+    except BaseException:  # interrupted (Ctrl-C): neither the supervisor nor its sandbox may outlive us
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = _drain(proc)
+        _clean_up(job, [_json(line) for line in out.splitlines()], work, leftover=True)
+        raise
+    lines = [_json(line) for line in out.splitlines()]
+    verdict = next((row for row in reversed(lines) if "status" in row), None)
+    _clean_up(job, lines, work, leftover=verdict is None or not verdict.get("reaped"))
+    took = time.monotonic() - start
+    if verdict is not None:
+        if not verdict["reaped"]:
+            log.warning("sandbox: some processes of the program could not be reaped within 5 s")
+        return RunResult(verdict["status"], verdict["message"], verdict["output"], verdict["wall_s"],
+                         verdict["isolation"], verdict["memory_cap"])
+    started = next((row for row in lines if "started" in row), None)
+    cap = "cgroup" if any("cgroup" in row for row in lines) else "poll"
+    if killed:
         log.error("sandbox supervisor did not finish within %.0f s; counted as a failure", guard_s)
-        return RunResult("timeout", "supervisor timeout", "", guard_s, None, "poll")
+        return RunResult("timeout", "supervisor timeout", "", took, started and started["started"], cap)
+    if started is None:
+        raise SandboxError(f"the HumanEval sandbox supervisor failed (exit {proc.returncode}): {err[-2000:]}")
+    log.error("sandbox supervisor ended without a verdict (exit %s), counted as a failure: %s",
+              proc.returncode, err[-500:])
+    return RunResult("failed", f"supervisor exit {proc.returncode}", "", took, started["started"], cap)
+
+
+def _drain(proc: subprocess.Popen) -> tuple[str, str]:
+    """What a killed supervisor left in its pipes, waiting at most 5 s (a process that escaped the kill may hold
+    them: then they are closed unread)."""
     try:
-        row = json.loads(out.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        raise RuntimeError(f"the HumanEval sandbox supervisor failed (exit {proc.returncode}): "
-                           f"{err[-2000:]}") from None
-    if not row["reaped"]:
-        log.warning("sandbox: some processes of the program could not be reaped within 5 s")
-    return RunResult(row["status"], row["message"], row["output"], row["wall_s"], row["isolation"], row["memory_cap"])
+        return proc.communicate(timeout=5.0)
+    except subprocess.TimeoutExpired:
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait(timeout=5.0)
+        return "", ""
+
+
+def _json(line: str) -> dict:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return {}
+    return row if isinstance(row, dict) else {}
+
+
+def _clean_up(job: dict, lines: list[dict], work: str, leftover: bool) -> None:
+    """After the supervisor: kill what may be left of the sandbox (its cgroup's processes, its uid's as root,
+    its session), remove its cgroup and its folder. ``leftover``: the supervisor did not say it reaped all."""
+    cgroup = next((row["cgroup"] for row in lines if isinstance(row.get("cgroup"), str)), None)
+    started = next((row for row in lines if "started" in row), {})
+    if leftover:
+        if os.geteuid() == 0:
+            for pid in _pids_where(lambda status, stat: f"\t{job['uid']}\t" in status.split("Uid:")[1][:80]):
+                _kill(pid)
+        if isinstance(started.get("child"), int):  # the candidate's session (it called setsid)
+            for pid in _pids_where(lambda status, stat: stat.rsplit(")", 1)[1].split()[3] == str(started["child"])):
+                _kill(pid)
+    if cgroup and cgroup.startswith("/sys/fs/cgroup/") and "/mtad-sandbox-" in cgroup:
+        for _ in range(200):
+            if not os.path.isdir(cgroup):
+                break
+            for pid in _read(f"{cgroup}/cgroup.procs").split():
+                _kill(int(pid))
+            try:
+                os.rmdir(cgroup)
+            except OSError:
+                time.sleep(0.01)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _pids_where(test) -> list[int]:
+    """Processes whose /proc status and stat texts pass ``test`` (this process excluded)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            status, stat = _read(f"/proc/{name}/status"), _read(f"/proc/{name}/stat")
+            try:
+                if status and stat and test(status, stat):
+                    found.append(int(name))
+            except (IndexError, ValueError):
+                pass
+    return found
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -15,20 +15,33 @@ Wire format: 4-byte big-endian length + UTF-8 JSON. Values are tagged: ``null``/
 strings stand for themselves; ``{"i": hex}`` int, ``{"f": float.hex()}`` float (nan/inf included),
 ``{"c": [re, im]}`` complex, ``{"b": hex}`` bytes, ``{"l"|"t"|"S"|"F": [...]}`` list/tuple/set/frozenset,
 ``{"d": [[k, v], ...]}`` dict.
+
+What the supervisor reads from the candidate is bounded: a message is at most ``MAX_MESSAGE`` bytes and
+``MAX_DEPTH`` levels deep (deeper JSON is refused, never a ``RecursionError``), decoding stops at the
+supervisor's deadline, and a set, frozenset or dict whose elements share one hash more than
+``MAX_COLLISIONS`` times (which would make building it quadratic) is refused: :func:`encode` never sends
+equal elements twice, so a genuine value never comes close.
 """
 import json
 import os
 import struct
 import sys
+import time
+from collections import Counter
 
-MAX_MESSAGE = 16 << 20  # bytes; a larger reply is a failure, not a memory problem for the supervisor
+MAX_MESSAGE = 4 << 20  # bytes; a larger reply is a failure, not a memory or time problem for the supervisor
 MAX_DEPTH = 200
+MAX_COLLISIONS = 8  # elements of one set/dict sharing a hash: more is a hash-flooding value, refused
 SEQUENCES = {list: "l", tuple: "t", set: "S", frozenset: "F"}
 BUILD = {"l": list, "t": tuple, "S": set, "F": frozenset}
 
 
 class WireError(ValueError):
     """A value that cannot cross the boundary, or a malformed message."""
+
+
+class Overtime(WireError):
+    """Decoding a value ran past the deadline it was given."""
 
 
 def encode(x, depth=0):
@@ -53,14 +66,18 @@ def encode(x, depth=0):
     raise WireError(f"a value of type {t.__module__}.{t.__qualname__} cannot be returned (plain builtins only)")
 
 
-def decode(x, depth=0):
-    """The inverse of :func:`encode`, strict: unknown tags, wrong shapes and extra keys raise WireError."""
+def decode(x, depth=0, deadline=None):
+    """The inverse of :func:`encode`, strict: unknown tags, wrong shapes and extra keys raise WireError; a
+    value deeper than ``MAX_DEPTH``, or hash-flooding sets or dict keys, raise WireError too, and running
+    past ``deadline`` (``time.monotonic()``) raises Overtime."""
     if depth > MAX_DEPTH:
         raise WireError("value nested too deeply")
+    if deadline is not None and time.monotonic() > deadline:
+        raise Overtime("decoding the reply ran past the time limit")
     if x is None or type(x) in (bool, str):
         return x
     if type(x) is not dict or len(x) != 1:
-        raise WireError(f"malformed value {str(x)[:80]!r}")
+        raise WireError(f"malformed value {_brief(x)!r}")
     (tag, v), = x.items()
     try:
         if tag == "i":
@@ -72,13 +89,38 @@ def decode(x, depth=0):
             return complex(float.fromhex(_str(re_)), float.fromhex(_str(im)))
         if tag == "b":
             return bytes.fromhex(_str(v))
-        if tag in BUILD:
-            return BUILD[tag](decode(item, depth + 1) for item in _list(v))
+        if tag in ("l", "t"):
+            return BUILD[tag](decode(item, depth + 1, deadline) for item in _list(v))
+        if tag in ("S", "F"):
+            return BUILD[tag](_spread([decode(item, depth + 1, deadline) for item in _list(v)]))
         if tag == "d":
-            return {decode(k, depth + 1): decode(val, depth + 1) for k, val in (_list(p, 2) for p in _list(v))}
+            pairs = [(decode(k, depth + 1, deadline), decode(val, depth + 1, deadline))
+                     for k, val in (_list(p, 2) for p in _list(v))]
+            _spread([k for k, _ in pairs])
+            return dict(pairs)
     except (TypeError, ValueError, OverflowError) as err:
+        if isinstance(err, WireError):
+            raise
         raise WireError(f"malformed {tag!r} value: {err}") from None
     raise WireError(f"unknown value tag {tag!r}")
+
+
+def _spread(items):
+    """``items`` unchanged, unless more than ``MAX_COLLISIONS`` share one hash (WireError): a set or dict of
+    such elements takes quadratic time to build (e.g. 150,000 multiples of 2**61 - 1, which all hash to 0).
+    Hashing is linear; an unhashable element raises TypeError, as building the set would."""
+    if len(items) > MAX_COLLISIONS:
+        worst = max(Counter(map(hash, items)).values())
+        if worst > MAX_COLLISIONS:
+            raise WireError(f"{worst} elements of one set or dict share a hash (a hash-flooding value)")
+    return items
+
+
+def _brief(x):
+    try:
+        return str(x)[:80]
+    except (RecursionError, ValueError):
+        return f"<{type(x).__name__}>"
 
 
 def _str(v):
@@ -118,10 +160,14 @@ def parse(body):
     """The message in ``body``; WireError if it is too large or not a JSON object."""
     if body is None:
         raise WireError("truncated message")
+    if len(body) > MAX_MESSAGE:
+        raise WireError(f"message of {len(body)} bytes exceeds {MAX_MESSAGE}")
     try:
         message = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise WireError(f"malformed message: {err}") from None
+    except RecursionError:  # the C parser's own guard against deep nesting ('[' * 200000)
+        raise WireError("malformed message: nested too deeply") from None
     if type(message) is not dict:
         raise WireError("a message must be a JSON object")
     return message
@@ -198,9 +244,16 @@ def fallback_hardening(drop_uid):
     if drop_uid is not None:
         for name in PRELOAD:
             __import__(name)
+        import ctypes
+        import signal
+
+        prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getppid()
         os.setgroups([])
         os.setresgid(drop_uid, drop_uid, drop_uid)
         os.setresuid(drop_uid, drop_uid, drop_uid)
+        prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG again: changing the uid cleared the supervisor's
+        if os.getppid() != parent:  # the supervisor died meanwhile
+            os._exit(1)
 
 
 if __name__ == "__main__":

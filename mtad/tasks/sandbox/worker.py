@@ -17,6 +17,14 @@ The jail (``isolation``), best first:
 Everywhere: rlimits (address space, CPU, file size, processes, open files, no core), a wall-clock limit,
 and a total memory cap over all the candidate's processes — a memory cgroup when one can be created,
 else polling of their resident memory (``memory_cap``).
+
+Nothing the candidate sends can stall or crash this process: every error of reading or decoding a reply is a
+failed verdict, replies are bounded in size and depth and decoded against the deadline (``serve.py``), and
+a ``SIGALRM`` ``GRACE_S`` after the deadline ends tests that loop over a hostile value. Every process of the
+sandbox dies with this one: the setup helper and the candidate carry ``PR_SET_PDEATHSIG`` (the helper holds
+none of our pipes), and every path ends in :meth:`Jail.close`. Progress lines on stdout (``{"cgroup": ...}``,
+``{"started": ...}``) let the runner clean up after this process if it has to kill it; the last line is the
+verdict.
 """
 import ctypes
 import fcntl
@@ -36,6 +44,8 @@ import serve as wire  # noqa: E402 - a sibling script, not a package import
 
 SERVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.py")
 SETUP_FAILED = 97
+SETUP_S = 10.0  # the jail must be ready within this (the candidate's time limit starts after it)
+GRACE_S = 0.5  # after the deadline, tests still running in this process are interrupted
 INSIDE_ID = 1000  # the candidate's uid/gid inside its user namespace
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -49,12 +59,18 @@ DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random")
 libc = ctypes.CDLL(None, use_errno=True)
 
 
-class Failed(Exception):
-    """The candidate failed (the message says how); ``status`` is the verdict."""
+class Failed(BaseException):
+    """The candidate failed (the message says how); ``status`` is the verdict. A ``BaseException``, so that a
+    test's ``except Exception`` cannot swallow it (the jail also remembers it: :attr:`Jail.failure`)."""
 
     def __init__(self, status, message=""):
         super().__init__(message)
         self.status = status
+
+
+class CandidateError(Exception):
+    """The jailed function raised (``message`` is its error, as text): like an exception of the function in
+    the official harness, a test may catch it."""
 
 
 def _ok(rc, what):
@@ -154,11 +170,23 @@ def _exec(job, pipes, argv, env):
     os.execve(argv[0], argv, env)
 
 
+def _die_with(parent):
+    """SIGKILL when ``parent`` (the process that forked us) dies; exit now if it already has."""
+    _ok(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+    if os.getppid() != parent:
+        os._exit(SETUP_FAILED)
+
+
 def _child(job, pipes):
     """The forked child: unshare and jail (or fall back), then exec the candidate. Never returns."""
+    _die_with(pipes["supervisor"])
     up, down = pipes["up_w"], pipes["down_r"]
     for fd in pipes["parent"]:  # the supervisor's ends
         os.close(fd)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # never hold the runner's pipes (our stdout is the verdict's way out)
+        os.dup2(null, fd)
+    os.close(null)
     libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # so that an unprivileged supervisor may write our id maps
     os.setsid()
     python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
@@ -168,20 +196,20 @@ def _child(job, pipes):
             os.setgroups([])
         flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
         if libc.unshare(flags) == 0:
+            _die_with(pipes["supervisor"])  # (a new user namespace may reset it)
             _tell(up, "unshared")
             _await(down, "mapped")
             pid = os.fork()
             if pid:  # the intermediate: reports the jail's host pid, waits, exits with its status
                 _tell(up, f"pid {pid} namespaces")
-                for fd in (down, pipes["req_r"], pipes["rep_w"], pipes["out"], up):
-                    os.close(fd)
+                os.closerange(0, 1 << 16)
                 _, status = os.waitpid(pid, 0)
                 os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
             _build_root(job)
             os.setresgid(INSIDE_ID, INSIDE_ID, INSIDE_ID)  # drops every capability (inside uid 0 -> 1000)
             os.setresuid(INSIDE_ID, INSIDE_ID, INSIDE_ID)
             _ok(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-            _ok(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+            _ok(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")  # the intermediate's death
             _rlimits(job)
             _tell(up, "ready")
             _await(down, "go")
@@ -272,6 +300,33 @@ def _write(path, text):
         f.write(text)
 
 
+def say(**fields):
+    """One progress line on stdout for the runner (it reads them if it has to kill us)."""
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def empty_cgroup(path, seconds=2.0):
+    """Kill every process in the cgroup at ``path`` and remove it; True when it is gone (or never was)."""
+    end = time.monotonic() + seconds
+    while os.path.isdir(path):
+        if os.path.exists(f"{path}/cgroup.kill"):  # cgroup v2, Linux >= 5.14
+            try:
+                _write(f"{path}/cgroup.kill", "1")
+            except OSError:
+                pass
+        for pid in _read(f"{path}/cgroup.procs").split():
+            _kill(int(pid))
+        try:
+            os.rmdir(path)
+            return True
+        except OSError:
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.01)
+    return True
+
+
 def _tree(pid):
     """``pid`` and its descendants (via /proc/PID/task/TID/children)."""
     found, todo = [], [pid]
@@ -303,6 +358,8 @@ class Jail:
         self.deadline = time.monotonic() + job["timeout_s"]
         self.limit = job["memory_mb"] << 20
         self.buf, self.last_poll = b"", 0.0
+        self.failure = None  # the first Failed raised, kept even if a test swallows it
+        self.req = self.rep = None
 
     def start(self, out_fd):
         up_r, up_w = os.pipe()
@@ -310,8 +367,10 @@ class Jail:
         req_r, self.req = os.pipe()
         self.rep, rep_w = os.pipe()
         pipes = {"up_w": up_w, "down_r": down_r, "req_r": req_r, "rep_w": rep_w, "out": out_fd,
-                 "parent": (up_r, down_w, self.req, self.rep)}
+                 "parent": (up_r, down_w, self.req, self.rep), "supervisor": os.getpid()}
         self.cgroup = _cgroup(self.limit)
+        if self.cgroup:
+            say(cgroup=self.cgroup)
         self.child = os.fork()
         if self.child == 0:
             try:
@@ -322,7 +381,7 @@ class Jail:
         for fd in (up_w, down_r, req_r, rep_w):
             os.close(fd)
         self.pid = self.child
-        lines, setup_deadline = Lines(up_r), time.monotonic() + 10.0
+        lines, setup_deadline = Lines(up_r), time.monotonic() + SETUP_S
         try:
             line = lines.next(setup_deadline)
             if line == "unshared":
@@ -331,6 +390,7 @@ class Jail:
                 line = lines.next(setup_deadline)
             _, pid, self.isolation = line.split()
             self.pid = int(pid)
+            say(started=self.isolation, pid=self.pid, child=self.child)
             if self.cgroup:
                 _write(f"{self.cgroup}/cgroup.procs", str(self.pid))
             if lines.next(setup_deadline) != "ready":
@@ -353,47 +413,68 @@ class Jail:
         _write(f"/proc/{self.child}/uid_map", uid_map)
         _write(f"/proc/{self.child}/gid_map", gid_map)
 
+    def fail(self, status, message):
+        """Raise (and remember) a failed verdict."""
+        self.failure = self.failure or Failed(status, message)
+        raise self.failure
+
     def call(self, message):
-        """Send ``message`` and wait for the reply, watching the time and the total memory."""
+        """Send ``message`` and wait for the reply, watching the time and the total memory. Whatever the
+        candidate sends, the outcome is a reply (a dict) or ``Failed``."""
+        if self.failure is not None:
+            raise self.failure
         try:
             wire.send(self.req, message)
-        except BrokenPipeError:
-            raise Failed("failed", "the candidate exited") from None
+        except OSError:
+            self.fail("failed", "the candidate exited")
         while True:
             if len(self.buf) >= 4:
                 size = int.from_bytes(self.buf[:4], "big")
                 if size > wire.MAX_MESSAGE:
-                    raise Failed("failed", "oversized reply")
+                    self.fail("failed", f"oversized reply ({size} bytes > {wire.MAX_MESSAGE})")
                 if len(self.buf) >= 4 + size:
                     body, self.buf = self.buf[4:4 + size], self.buf[4 + size:]
                     try:
                         return wire.parse(body)
-                    except wire.WireError as err:
-                        raise Failed("failed", str(err)) from None
+                    except Exception as err:  # noqa: BLE001 - whatever the candidate sent, it failed
+                        self.fail("failed", f"bad reply: {type(err).__name__}: {err}")
             self._watch()
             if select.select([self.rep], [], [], 0.02)[0]:
                 chunk = os.read(self.rep, 1 << 20)
                 if not chunk:
-                    raise Failed("failed", "the candidate exited")
+                    self.fail("failed", "the candidate exited")
                 self.buf += chunk
+
+    def value(self, reply):
+        """The decoded return value in a call's reply (under the deadline), or ``Failed``."""
+        if "value" not in reply:
+            raise CandidateError(f"candidate raised {_brief(reply.get('error'))}")
+        try:
+            return wire.decode(reply["value"], deadline=self.deadline + GRACE_S)
+        except wire.Overtime:
+            self.fail("timeout", f"over the {self.job['timeout_s']} s limit (decoding the reply)")
+        except Exception as err:  # noqa: BLE001 - a malformed or hostile value is a failed call
+            self.fail("failed", f"bad return value: {type(err).__name__}: {err}")
 
     def _watch(self):
         now = time.monotonic()
         if now > self.deadline:
-            raise Failed("timeout", f"over the {self.job['timeout_s']} s limit")
+            self.fail("timeout", f"over the {self.job['timeout_s']} s limit")
         if now - self.last_poll > 0.02:
             self.last_poll = now
             if _rss_bytes(_tree(self.pid)) > self.limit:
-                raise Failed("memory", f"the candidate's processes use more than {self.job['memory_mb']} MB")
+                self.fail("memory", f"the candidate's processes use more than {self.job['memory_mb']} MB")
 
     def close(self):
-        """Kill every process of the candidate and reap them; True when none is left."""
+        """Kill every process of the candidate and reap them, remove the cgroup; True when none is left."""
         if self.child is None:
-            return True
+            return self.cgroup is None or empty_cgroup(self.cgroup)
         for fd in (self.req, self.rep):
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
         _kill(self.pid)  # in a namespace, its PID 1: its death kills the rest
         _kill(-self.child)  # the process group, then whatever escaped it (we are their subreaper)
+        reaped = False
         end = time.monotonic() + 5.0
         while time.monotonic() < end:
             for pid in _tree(os.getpid())[1:]:
@@ -401,19 +482,19 @@ class Jail:
             try:
                 pid, _ = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
+                reaped = True
                 break
             if pid == 0:
                 time.sleep(0.005)
-        else:
-            return False
-        if self.cgroup:
-            for _ in range(100):
-                try:
-                    os.rmdir(self.cgroup)
-                    break
-                except OSError:
-                    time.sleep(0.01)
-        return True
+        gone = self.cgroup is None or empty_cgroup(self.cgroup)
+        return reaped and gone
+
+
+def _brief(x):
+    try:
+        return str(x)[:300]
+    except Exception:  # noqa: BLE001 - str() of a hostile value (too deep, too large an int)
+        return f"<{type(x).__name__}>"
 
 
 def _kill(pid):
@@ -427,7 +508,7 @@ def _check(job, jail):
     """The verdict: load the program in the jail, then run the tests here against the jailed function."""
     reply = jail.call({"program": job["program"], "entry_point": job.get("entry_point")})
     if "ok" not in reply:
-        raise Failed("failed", f"the program did not load: {reply.get('error')}")
+        jail.fail("failed", f"the program did not load: {_brief(reply.get('error'))}")
     if job.get("test") is None:
         return
     scope = {"__name__": "__mtad_check__"}
@@ -435,21 +516,51 @@ def _check(job, jail):
     exec(compile(job["test"], "test.py", "exec"), scope)  # noqa: S102 - the dataset's trusted code
 
     def candidate(*args):
-        answer = jail.call({"args": wire.encode(list(args))})
-        if "value" not in answer:
-            raise Failed("failed", f"candidate raised {answer.get('error')}")
-        try:
-            return wire.decode(answer["value"])
-        except wire.WireError as err:
-            raise Failed("failed", str(err)) from None
+        return jail.value(jail.call({"args": wire.encode(list(args))}))
 
     scope[job["entry_point"]] = candidate  # tests may name the function too (HumanEval/33), as in the official run
     try:
         scope["check"](candidate)
     except Failed:
         raise
+    except CandidateError as err:
+        jail.fail("failed", str(err))
     except BaseException as err:  # noqa: BLE001 - an assertion or any other failure of the tests
-        raise Failed("failed", f"{type(err).__name__}: {err}") from None
+        jail.fail("failed", f"{type(err).__name__}: {_brief(err)}")
+    if jail.failure is not None:  # a test swallowed a failed call (``except:``): still failed
+        raise jail.failure
+
+
+def _alarm(jail):
+    """From now on, the tests running here end ``GRACE_S`` after the candidate's deadline (SIGALRM)."""
+    def ring(signum, frame):
+        jail.fail("timeout", f"over the {jail.job['timeout_s']} s limit (the tests ran on)")
+
+    signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, max(jail.deadline + GRACE_S - time.monotonic(), 0.001))
+
+
+def _judge(job, out):
+    """Start the jail, run the check, close the jail: (status, message, jail, reaped), on every path."""
+    jail = Jail(job)
+    status, message = "passed", ""
+    try:
+        try:
+            jail.start(out.fileno())
+        except Exception as err:  # noqa: BLE001 - the jail could not be built: not the candidate's fault
+            return "sandbox_error", f"{type(err).__name__}: {err}", jail, jail.close()
+        try:
+            _alarm(jail)
+            _check(job, jail)
+        except Failed as err:
+            status, message = err.status, str(err)
+        except Exception as err:  # noqa: BLE001 - anything else here (MemoryError, a bug) fails the sample
+            status, message = "failed", f"supervisor error: {type(err).__name__}: {_brief(err)}"
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except Failed as err:  # the alarm rang between the check and disarming it
+        status, message = err.status, str(err)
+    return status, message, jail, jail.close()
 
 
 def supervise(job):
@@ -459,7 +570,7 @@ def supervise(job):
     with open(SERVE) as f:
         job["serve_source"] = f.read()
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="mtad-sandbox-") as work:
+    with tempfile.TemporaryDirectory(prefix="mtad-sandbox-", dir=job.get("work"), ignore_cleanup_errors=True) as work:
         os.chmod(work, 0o755)
         job.update(workdir=os.path.join(work, "cwd"), root=os.path.join(work, "root"))
         os.mkdir(job["root"])
@@ -467,18 +578,7 @@ def supervise(job):
         os.chmod(job["workdir"], 0o777)
         out_path = os.path.join(work, "output.txt")
         with open(out_path, "w+b") as out:
-            jail = Jail(job)
-            status, message = "passed", ""
-            try:
-                jail.start(out.fileno())
-            except (OSError, RuntimeError, ValueError) as err:
-                status, message = "sandbox_error", str(err)
-            if status == "passed":
-                try:
-                    _check(job, jail)
-                except Failed as err:
-                    status, message = err.status, str(err)
-            reaped = jail.close()
+            status, message, jail, reaped = _judge(job, out)
             out.seek(0)
             text = out.read(job["output_bytes"] + 1024).decode("utf-8", "replace")
     return {"status": status, "message": message[-2000:], "output": text[-2000:], "wall_s": time.monotonic() - start,
