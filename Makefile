@@ -7,7 +7,7 @@ PROFILE ?= cpu
 ARGS   ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all run sweep reproduce-table bench bench-core lint train-draft gpu-check clean
+.PHONY: help setup test test-all run sweep reproduce-table bench bench-core lint train-draft gpu-check slurm-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
@@ -49,6 +49,9 @@ train-draft: $(STAMP)  ## distil a draft: the committed feature draft's recipe b
 
 gpu-check: $(STAMP)  ## on a GPU machine: GPU tests + a short NVML-measured sweep, rows under results/gpu/ (ARGS=--cpu-dry-run: on the CPU)
 	PY=$(PY) bash experiments/gpu_check.sh $(ARGS)
+
+slurm-check: $(STAMP)  ## a sweep through a real SLURM (a local single-node one, installed as root, unless sinfo answers): scancel one job, rerun, check the rows
+	PY=$(PY) bash experiments/slurm_check.sh $(ARGS)
 
 lint: $(STAMP)  ## ruff
 	$(PY) -m ruff check mtad tests experiments

@@ -112,8 +112,11 @@ class Job:
         check_results_file(results_file)  # unwritable output fails here, before any work (mtad.harness.rundir)
         task = get_task(tcfg)
         samples = task.samples()  # bad data fails here, before any model is loaded
-        # a retrained local draft or an edited data file is a new config
-        resolved = {**resolved, "weights": weights_fingerprint(mcfg), "data": task.data_fingerprint()}
+        # a retrained local draft or an edited data file is a new config; task.source=auto is recorded and hashed
+        # as the route it took (local | hub), so rows from before `auto` existed (source: local) stay done
+        task_dict = resolved["task"] if isinstance(resolved["task"], dict) else tcfg.to_dict()
+        resolved = {**resolved, "task": {**task_dict, "source": task.resolved_source()},
+                    "weights": weights_fingerprint(mcfg), "data": task.data_fingerprint()}
         key = config_hash(resolved)
         done = not resolved.get("force") and key in existing_hashes(results_file)
         if done:
@@ -320,7 +323,8 @@ def _finish(resolved, dec, mcfg, tcfg, task, pair, rows, decodes, logps, scores,
     metrics.update(task.row_info())
     return ResultRow.build(
         resolved, experiment=experiment_name(resolved), metrics=metrics, decoder=asdict(dec),
-        model={**asdict(mcfg), "info": pair.info}, task={**tcfg.to_dict(), "selected_ids": [s["id"] for s in rows]},
+        model={**asdict(mcfg), "info": pair.info},
+        task={**tcfg.to_dict(), "source": resolved["task"]["source"], "selected_ids": [s["id"] for s in rows]},
         seed=int(resolved.get("seed", 0)), n_prompts=len(decodes),
         skip_reasons={**task.skip_counts(), **dict(skips)}, run_dir=run_dir,
         devices=_devices(pair))

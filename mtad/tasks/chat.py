@@ -5,7 +5,7 @@ earlier answers as ``history``.
 """
 from __future__ import annotations
 
-from mtad.tasks.base import Sample, Task, register
+from mtad.tasks.base import HubCopy, Sample, Task, register
 from mtad.tasks.records import need_str
 
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
@@ -39,12 +39,18 @@ class PromptSet(Task):
 
 @register("mt_bench")
 class MTBench(PromptSet):
+    """FastChat's question.jsonl rows ``{question_id, category, turns}``; the hub copy names them
+    ``{prompt_id, category, prompt}`` (its ids are hashes of the prompts, not FastChat's 81-160)."""
+
     subdir = "mt_bench"
+    hub = HubCopy("HuggingFaceH4/mt_bench_prompts", splits=(("test", "train"),))
 
     def load(self) -> list[Sample]:
         def parse(row: dict, i: int) -> Sample:
             meta = {"category": need_str(row, "category")}
-            return Sample(str(row["question_id"]), self.keep_turns(turns_of(row)), None, meta)
+            turns = turns_of(row, "turns" if "turns" in row or "prompt" not in row else "prompt")
+            sid = row["question_id"] if "question_id" in row or "prompt_id" not in row else row["prompt_id"]
+            return Sample(str(sid), self.keep_turns(turns), None, meta)
 
         return self.filter(self.read("question.jsonl", parse))
 
@@ -69,6 +75,7 @@ class SpecBench(PromptSet):
 @register("chatgpt_prompts")
 class ChatGPTPrompts(PromptSet):
     subdir = "awesome_chatgpt_prompts"
+    hub = HubCopy("fka/awesome-chatgpt-prompts", splits=(("test", "train"),))  # its one split
 
     def load(self) -> list[Sample]:
         return self.read("prompts.csv", lambda row, i: Sample(str(i), [need_str(row, "prompt")], None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from mtad.tasks.base import Sample, Task, cut_at, register
+from mtad.tasks.base import HubCopy, Sample, Task, cut_at, register
 from mtad.tasks.records import need_str
 
 # A number: optional sign (not after a word character, so "10-20" reads 20), thousands commas, decimals.
@@ -60,6 +60,7 @@ def few_shot_answer(solution: str) -> str:
 class GSM8K(Task):
     metric = "accuracy"
     subdir = "gsm8k"
+    hub = HubCopy("openai/gsm8k", "main")
     supports_few_shot = True
     user_prefix = "Question: "
     assistant_prefix = "Answer:"

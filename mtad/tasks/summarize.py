@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from mtad.tasks.base import Sample, Task, register
+from mtad.tasks.base import HubCopy, Sample, Task, register
 from mtad.tasks.records import need_str
 
 INSTRUCTION = "Summarize the following news article in a few sentences."
@@ -35,6 +35,7 @@ class CNNDailyMail(Task):
 
     metric = "rougeL"
     subdir = "cnn_dm"
+    hub = HubCopy("abisee/cnn_dailymail", "3.0.0")
 
     def load(self) -> list[Sample]:
         def parse(row: dict, i: int) -> Sample:

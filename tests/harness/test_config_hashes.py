@@ -55,15 +55,19 @@ def profile_jobs(profile: str, overrides: list[str]) -> list[list[str]]:
     return [line.split() for line in out.getvalue().splitlines()]
 
 
-def run_hash(job: list[str], draft: list[str], data: dict) -> str:
+def run_hash(job: list[str], draft: list[str], data: dict, resolve_source: bool = True) -> str:
     """The runner's config hash of the job, with the draft's weight files pinned to ``draft``."""
     cfg = OmegaConf.to_container(sweep.compose_job(job), resolve=True)
     # the runner fingerprints local target and draft directories: the embedded pair has only a local draft
     assert set(weights_fingerprint(ModelConfig(**cfg["model"]))) == {"draft"}, job
     key = json.dumps(cfg["task"], sort_keys=True)
     if key not in data:
-        data[key] = get_task(TaskConfig.from_any(cfg["task"])).data_fingerprint()
-    return config_hash({**cfg, "weights": {"draft": draft}, "data": data[key]})
+        task = get_task(TaskConfig.from_any(cfg["task"]))
+        data[key] = task.data_fingerprint(), task.resolved_source()
+    fingerprint, source = data[key]
+    # the runner hashes task.source as the route it took (task.source=auto -> local here)
+    task = {**cfg["task"], "source": source if resolve_source else cfg["task"]["source"]}
+    return config_hash({**cfg, "task": task, "weights": {"draft": draft}, "data": fingerprint})
 
 
 def profile_grid(stem: str) -> list[list[str]]:
@@ -84,8 +88,11 @@ def test_published_rows_hash_into_their_profiles_grid(path: Path):
     hashes = {run_hash(job, DRAFT[path.stem], data) for job in jobs}
     assert len(hashes) == len(published) == 6
     assert published <= hashes
-    # negative control: one setting changed, and that run is not done
+    # negative controls: one setting changed, and that run is not done; task.source=auto hashed as written
+    # (not as the route it took) would make every published row look undone
     assert run_hash([*jobs[0], "task.n_prompts=29"], DRAFT[path.stem], data) not in published
+    assert sweep.compose_job(jobs[0]).task.source == "auto"
+    assert not published & {run_hash(job, DRAFT[path.stem], data, resolve_source=False) for job in jobs}
 
 
 def test_older_schema_rows_lack_fields_of_todays_model_config():

