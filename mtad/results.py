@@ -1,6 +1,6 @@
 """``python -m mtad.results profile RESULTS.jsonl [--decoder ...] > speculation_profile.json``: the measured
 acceptance of one speculative method as SPEED-Bench's ``specdec_bench`` speculation profile (VERIFIERS.md §5;
-:mod:`mtad.report.profile`), written to stdout.
+:mod:`mtad.report.speculation`), written to stdout.
 
 When the rows hold several methods (speculative, block, n-gram, MTAD, on several pairs), pick one with
 ``--pair --decoder --accept --proposer --gamma`` (the error lists the choices); ``--task`` keeps one task.
@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from mtad.harness.store import load_results
-from mtad.report.profile import ProfileError, build_profile, passed
+from mtad.report.speculation import ProfileError, build_profile, passed
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -6,7 +6,7 @@
   and ``forward_calls`` (every forward's shape, summed; the cost model's counts, :mod:`mtad.measure.costmodel`).
 - ``acceptance_profile``: per-position conditional and marginal acceptance, the acceptance-length histogram
   and the consistency check of SPEED-Bench's speculation profile (VERIFIERS.md §5), in every
-  speculative-family row (``mtad.report.profile`` exports it).
+  speculative-family row (``mtad.report.speculation`` exports it).
 - ``diversity``: distinct-1/2/3 over a run's outputs and the repeated-trigram rate per sample, so that a
   lower perplexity that comes from repetitive text shows.
 

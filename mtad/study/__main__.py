@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from mtad._util.paths import REPO_ROOT
@@ -123,8 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         paths = render_raw(args) if args.render_raw else verifiers(args, argv)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"mtad.study: error: {err}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, HydraException) as err:  # Hydra: an unknown model or task name
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"mtad.study: error: {first}", file=sys.stderr)
         return 2
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

@@ -199,6 +199,7 @@ def run_task(models, prompts: Sequence[list[int]], task: str, rule_list: Sequenc
     return res
 
 
+@torch.inference_mode()
 def first_token_laws(models, context: list[int], rule_list: Sequence[Rule], cfg: DecoderConfig, draws: int,
                      seed: int) -> dict:
     """``draws`` fresh blocks at one fixed context; per draw and rule the law of the first committed token

@@ -19,7 +19,7 @@ import pytest
 from mtad._util.paths import REPO_ROOT
 from mtad.decoding.result import DecodeResult
 from mtad.measure.metrics import acceptance_profile, run_metrics
-from mtad.report.profile import build_profile, passed
+from mtad.report.speculation import build_profile, passed
 from mtad.results import main
 
 
@@ -165,7 +165,7 @@ def test_inconsistent_profile_is_flagged(tmp_path, capsys, how):
 
 
 def test_non_monotone_marginals_fail_monotonicity():
-    from mtad.report.profile import monotonicity
+    from mtad.report.speculation import monotonicity
 
     assert monotonicity([0.8, 0.56])["passed"] and not monotonicity([0.5, 0.6])["passed"]
 
