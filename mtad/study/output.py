@@ -87,39 +87,69 @@ def csv_text(rows: Sequence[dict], K: int) -> str:
     return buf.getvalue()
 
 
+LABEL_OFFSET = {"threshold": (-9, 0, "right"), "mtad": (10, 4, "left"), "typical": (9, -7, "left"),
+                "fuzzy": (8, 4, "left")}  # offset points and alignment of a parameter label, per family
+PROFILE_RULES = ("lossless", "block", "threshold (τ=0.5)", "typical (ε=0.09, δ=0.3)", "fuzzy (JS≤0.4)", "mtad (τ=0.5)")
+
+
 def figure(rows: Sequence[dict], meta: dict, path: Path) -> None:
-    """Accepted length L against TV from the target, one panel per task, error bars both ways."""
+    """Per task (columns): accepted length L against TV from the target, one marker per rule and parameter,
+    error bars both ways (top); the marginal acceptance P(τ >= i) per draft position of the rules at their
+    default parameters (bottom)."""
     import matplotlib  # heavy optional dependency: only the figure needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tasks = list(dict.fromkeys(r["task"] for r in rows))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 4.6), sharey=True, squeeze=False)
+    K = meta["gamma"]
+    fig, axes = plt.subplots(2, len(tasks), figsize=(6.2 * len(tasks), 9.0), squeeze=False,
+                             gridspec_kw={"height_ratios": [1.5, 1]})
     handles = {}
-    for ax, task in zip(axes[0], tasks):
+    for col, task in enumerate(tasks):
         sub = [r for r in rows if r["task"] == task]
+        ax, low = axes[0][col], axes[1][col]
         for r in sub:
             marker, color = FAMILY_STYLE.get(r["rule"], ("x", "black"))
             (x, xl, xh), (y, yl, yh) = r["tv_first_token"], r["mean_accept_length"]
-            h = ax.errorbar([x], [y], xerr=[[max(x - xl, 0)], [max(xh - x, 0)]], yerr=[[max(y - yl, 0)], [max(yh - y, 0)]], fmt=marker, color=color,
-                            ms=11 if marker == "*" else 7, capsize=3, lw=1, mec="black", mew=0.5)
+            h = ax.errorbar([x], [y], xerr=[[max(x - xl, 0)], [max(xh - x, 0)]], yerr=[[max(y - yl, 0)], [max(yh - y, 0)]],
+                            fmt=marker, color=color, ms=12 if marker == "*" else 7, capsize=3, lw=1, mec="black",
+                            mew=0.5, zorder=3)
             handles.setdefault(r["rule"], h)
-            if r["param"]:
-                ax.annotate(r["param"], (x, y), textcoords="offset points", xytext=(6, -3), fontsize=7.5,
-                            color=color)
-        ax.set_title(f"{task} ({sub[0]['n_contexts']} contexts, {sub[0]['n_prompts']} prompts)", fontsize=10)
-        ax.set_xlabel(f"TV of the first committed token from the target\n"
-                      f"({sub[0]['tv_contexts']} fixed contexts × {sub[0]['tv_draws']} drafts; lossless = noise floor)",
-                      fontsize=9)
+            if r["param"]:  # families label on different sides, so that labels of coinciding points do not collide
+                dx, dy, ha = LABEL_OFFSET.get(r["rule"], (8, 3, "left"))
+                ax.annotate(r["param"], (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=7.5, color=color,
+                            ha=ha, va="center", zorder=4,
+                            bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.7})
+        n = sub[0]
+        ax.set_title(f"{task}: {n['n_contexts']} contexts from {n['n_prompts']} prompts", fontsize=10)
+        ax.set_xlabel(f"TV of the first committed token from the target (95 % CI; {n['tv_contexts']} fixed contexts "
+                      f"× {n['tv_draws']} drafts;\nlossless rules: the true TV is 0, the figure is Monte-Carlo noise)",
+                      fontsize=8.5)
         ax.grid(alpha=0.3)
-        ax.set_xlim(left=0)
-    axes[0][0].set_ylabel(f"accepted length L = τ + 1 (K = {meta['gamma']}), 95 % CI")
+        ax.set_xlim(left=-0.004)
+        shown = [r for r in sub if r["label"] in PROFILE_RULES]
+        for k, r in enumerate(shown):
+            marker, color = FAMILY_STYLE.get(r["rule"], ("x", "black"))
+            m = r["marginal_accept_rates"]
+            xs = [i + 1 + (k - (len(shown) - 1) / 2) * 0.06 for i in range(K)]  # side by side, not on top
+            low.errorbar(xs, [v[0] for v in m], yerr=[[max(v[0] - v[1], 0) for v in m], [max(v[2] - v[0], 0) for v in m]],
+                         fmt=f"-{marker}", color=color, ms=9 if marker == "*" else 5, capsize=2, lw=1, mec="black",
+                         mew=0.4, label=r["label"])
+        low.set_xticks(range(1, K + 1))
+        low.set_xlabel("draft position i", fontsize=9)
+        low.set_ylim(-0.03, 1.05)
+        low.grid(alpha=0.3)
+        low.legend(fontsize=7.5, loc="upper right", ncol=2, frameon=True, framealpha=0.85)  # above the curves
+    axes[0][0].set_ylabel(f"accepted length L = τ + 1 (K = {K}), 95 % CI")
+    axes[1][0].set_ylabel("P(τ ≥ i), 95 % CI")
     fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=len(handles), frameon=False,
-               fontsize=9, bbox_to_anchor=(0.5, 0.0))
-    fig.suptitle(f"Verifiers judged on the same drafts: {meta['pair']} · {meta['device_name']}, "
-                 f"{meta['num_threads']} thread", fontsize=10.5)
-    fig.tight_layout(rect=(0, 0.07, 1, 0.97))
+               fontsize=9, bbox_to_anchor=(0.5, 0.0), title="rule (label: parameter)", title_fontsize=8.5)
+    fig.suptitle(f"Verifiers judged on the same drafts and uniforms\n{meta['pair']} on {meta['device_name']}, "
+                 f"{meta['num_threads']} thread; K = {K}, T = {meta['temperature']:g}, top-k {meta['top_k']}, "
+                 f"top-p {meta['top_p']:g}; contexts: the target's own {meta['continuation']} continuations",
+                 fontsize=10.5)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.99))
     data = io.BytesIO()
     fig.savefig(data, format="png", dpi=130)
     plt.close(fig)
