@@ -85,7 +85,8 @@ def pooled(profiles: Sequence[Mapping[str, Any]]) -> dict:
     cond = [marg[0] if i == 0 else (marg[i] / marg[i - 1] if marg[i - 1] > 0 else 0.0) for i in range(K)]
     per_req = [(p["mean_accept_length_per_request"], p["steps"]) for p in profiles
                if p.get("mean_accept_length_per_request") is not None]
-    return {"num_speculative_tokens": K, "steps": n, "truncated_steps": sum(p.get("truncated_steps", 0) for p in profiles),
+    return {"num_speculative_tokens": K, "steps": n,
+            "truncated_steps": sum(p.get("truncated_steps", 0) for p in profiles),
             "acceptance_length_histogram": {str(L + 1): c for L, c in enumerate(hist)},
             "conditional_accept_rates": cond, "marginal_accept_rates": marg,
             "mean_accept_length": sum((L + 1) * c for L, c in enumerate(hist)) / n if n else None,
@@ -121,11 +122,10 @@ def build_profile(rows: Sequence[Mapping[str, Any]], **want: Any) -> dict:
     per_task: dict[str, list] = {}
     for r in keep:
         per_task.setdefault((r.get("task") or {}).get("name"), []).append(r["metrics"]["acceptance_profile"])
-    lossless_chain = d.get("name") == "speculative" and d.get("accept", "lossless") == "lossless"
+    lossless_chain = method_name(first) == "draft_model" and d.get("accept", "lossless") == "lossless"
     model = first.get("model") or {}
     K = prof["num_speculative_tokens"]
-    stored = [(r["metrics"]["acceptance_profile"].get("mean_accept_length"), r["metrics"]["acceptance_profile"]["steps"])
-              for r in keep]
+    stored = [(p.get("mean_accept_length"), p["steps"]) for p in (r["metrics"]["acceptance_profile"] for r in keep)]
     if all(m is not None for m, _ in stored) and sum(s for _, s in stored):
         # the rows' own per-step means against the marginals of their summed histograms
         prof["mean_accept_length"] = sum(m * s for m, s in stored) / sum(s for _, s in stored)
@@ -140,8 +140,8 @@ def build_profile(rows: Sequence[Mapping[str, Any]], **want: Any) -> dict:
         "marginal_accept_rates": prof["marginal_accept_rates"],
         "mean_accept_length": prof["mean_accept_length"],
         "mean_accept_length_per_request": prof["mean_accept_length_per_request"],
-        # chain_analytic extrapolates a lossless token-wise chain across K; block, lossy and joint rules do
-        # not extrapolate (VERIFIERS.md §5)
+        # chain_analytic extrapolates a lossless token-wise chain of a draft model across K (SPEED-Bench: for
+        # draft_model); block, lossy and joint rules and the n-gram proposer do not extrapolate (VERIFIERS.md §5)
         "accept_length_model": "chain_analytic" if lossless_chain else "measured_per_k",
         "accept_length_by_k": {str(K): prof["mean_accept_length"]},
         "acceptance_length_histogram": prof["acceptance_length_histogram"],
@@ -157,7 +157,8 @@ def build_profile(rows: Sequence[Mapping[str, Any]], **want: Any) -> dict:
             "hardware": sorted({str(r.get("device_name")) for r in keep}),
             "lossless": d.get("accept", "lossless") in ("lossless", "block") and d.get("name") == "speculative",
             "note": PROJECTION_NOTE},
-        "validation": {"mean_consistency": consistency, "marginal_monotonicity": monotonicity(prof["marginal_accept_rates"]),
+        "validation": {"mean_consistency": consistency,
+                       "marginal_monotonicity": monotonicity(prof["marginal_accept_rates"]),
                        "rows": _row_checks(keep)},
     }
 

@@ -37,7 +37,7 @@ STUDIES = ("verifiers",)
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mtad.study", description=__doc__.split("\n\n")[0])
     p.add_argument("study", choices=STUDIES, help="verifiers: every accept rule on the same drafts and uniforms")
-    p.add_argument("--model", default="smollm2_feature", help="a conf/model/ pair with a draft (default smollm2_feature)")
+    p.add_argument("--model", default="smollm2_feature", help="a conf/model/ pair with a draft")
     p.add_argument("--tasks", nargs="+", default=["gsm8k", "mt_bench"], help="conf/task/ names")
     p.add_argument("--prompts", type=int, default=30, help="prompts per task")
     p.add_argument("--tokens", type=int, default=64, help="continuation tokens per prompt (contexts lie on it)")

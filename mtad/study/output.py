@@ -112,7 +112,8 @@ def figure(rows: Sequence[dict], meta: dict, path: Path) -> None:
         for r in sub:
             marker, color = FAMILY_STYLE.get(r["rule"], ("x", "black"))
             (x, xl, xh), (y, yl, yh) = r["tv_first_token"], r["mean_accept_length"]
-            h = ax.errorbar([x], [y], xerr=[[max(x - xl, 0)], [max(xh - x, 0)]], yerr=[[max(y - yl, 0)], [max(yh - y, 0)]],
+            h = ax.errorbar([x], [y], xerr=[[max(x - xl, 0)], [max(xh - x, 0)]],
+                            yerr=[[max(y - yl, 0)], [max(yh - y, 0)]],
                             fmt=marker, color=color, ms=12 if marker == "*" else 7, capsize=3, lw=1, mec="black",
                             mew=0.5, zorder=3)
             handles.setdefault(r["rule"], h)
@@ -133,7 +134,8 @@ def figure(rows: Sequence[dict], meta: dict, path: Path) -> None:
             marker, color = FAMILY_STYLE.get(r["rule"], ("x", "black"))
             m = r["marginal_accept_rates"]
             xs = [i + 1 + (k - (len(shown) - 1) / 2) * 0.06 for i in range(K)]  # side by side, not on top
-            low.errorbar(xs, [v[0] for v in m], yerr=[[max(v[0] - v[1], 0) for v in m], [max(v[2] - v[0], 0) for v in m]],
+            err = [[max(v[0] - v[1], 0) for v in m], [max(v[2] - v[0], 0) for v in m]]
+            low.errorbar(xs, [v[0] for v in m], yerr=err,
                          fmt=f"-{marker}", color=color, ms=9 if marker == "*" else 5, capsize=2, lw=1, mec="black",
                          mew=0.4, label=r["label"])
         low.set_xticks(range(1, K + 1))

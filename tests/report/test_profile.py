@@ -130,7 +130,7 @@ def test_block_and_ngram_and_mtad_methods(tmp_path, capsys):
     assert code == 0 and p["verification_method"] == "block" and p["accept_length_model"] == "measured_per_k"
     assert p["mean_accept_length"] == pytest.approx(2.46)
     p = json.loads(cli(tmp_path, rows, "--proposer", "ngram", capsys=capsys)[1])
-    assert p["method"] == "ngram" and p["draft_checkpoint"] is None
+    assert p["method"] == "ngram" and p["draft_checkpoint"] is None and p["accept_length_model"] == "measured_per_k"
     p = json.loads(cli(tmp_path, rows, "--decoder", "mtad", capsys=capsys)[1])
     assert p["method"] == "mtad" and p["accept_length_model"] == "measured_per_k"
 
