@@ -11,7 +11,8 @@ then every run would, and the sweep stops with that message (exit status 2).
 
 Profiles: ``quick`` (tiny random pair, minutes; tests and CI: the ``quick`` grid and the reviewers' controls
 ``quick_controls``), ``cpu`` (the embedded SmolLM2 pair: the claims' comparisons, sampling / speculative / mtad
-on two tasks with 30 prompts each, under an hour on 2 cores), ``cpu_feature``, ``cpu_bf16``, ``cpu_bf16_feature``
+and the lossless rivals block verification and n-gram speculative decoding (VERIFIERS.md) on two tasks with
+30 prompts each, about 75 minutes on 2 cores), ``cpu_feature``, ``cpu_bf16``, ``cpu_bf16_feature``
 (the same ``cpu_table`` cells on the pair with the feature draft, in bfloat16, or both: the preset's
 ``experiment/pair@pair`` choice, :data:`PROFILES`), ``cpu_full`` (every decoder on four tasks, 30
 prompts: about four hours), ``paper`` (the paper's pairs; GPUs). ``--experiment tau|gamma|beam_width|
@@ -250,7 +251,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mtad.harness.sweep", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", choices=sorted(PROFILES), default="cpu",
-                   help="quick: tiny pair, minutes; cpu: embedded SmolLM2 pair, <1 h on 2 cores; cpu_feature: the "
+                   help="quick: tiny pair, minutes; cpu: embedded SmolLM2 pair, ~75 min on 2 cores; cpu_feature: the "
                         "same with the feature draft; cpu_bf16: the same in bfloat16; cpu_bf16_feature: bf16 with "
                         "the feature draft; cpu_full: ~4 h; paper: GPUs")
     p.add_argument("--experiment", default=None,

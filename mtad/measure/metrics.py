@@ -4,6 +4,9 @@
   scored after the timed decode, never inside it.
 - ``run_metrics``: latency, block efficiency, acceptance and energy aggregated over the prompts of a run,
   and ``forward_calls`` (every forward's shape, summed; the cost model's counts, :mod:`mtad.measure.costmodel`).
+- ``acceptance_profile``: per-position conditional and marginal acceptance, the acceptance-length histogram
+  and the consistency check of SPEED-Bench's speculation profile (VERIFIERS.md §5), in every
+  speculative-family row (``mtad.report.speculation`` exports it).
 - ``diversity``: distinct-1/2/3 over a run's outputs and the repeated-trigram rate per sample, so that a
   lower perplexity that comes from repetitive text shows.
 
@@ -100,6 +103,7 @@ def run_metrics(decode_results: Sequence[DecodeResult], gamma: Optional[int] = N
         "acceptance_rate": sum(accepted) / proposed if proposed else None,
         "mean_accepted_length": sum(accepted) / len(accepted) if accepted and proposed else None,
         "per_position_acceptance": _per_position(rs, gamma) if proposed else None,
+        "acceptance_profile": acceptance_profile(rs) if proposed else None,
         "stop_eos": sum(r.stop_reason == "eos" for r in rs),
         "forward_calls": _sum_calls(rs),
     }
@@ -127,6 +131,48 @@ def _per_position(rs: Sequence[DecodeResult], gamma: Optional[int]) -> list[Opti
             acc[j] += a
             prop[j] += p
     return [a / p if p else None for a, p in zip(acc, prop)]
+
+
+MEAN_CONSISTENCY_TOLERANCE = 0.02  # |AL - (1 + Σ marginals)|, SPEED-Bench's specdec_bench tolerance
+
+
+def acceptance_profile(decode_results: Sequence[DecodeResult]) -> dict:
+    """The acceptance profile of a speculative-family run (VERIFIERS.md §5, SPEED-Bench's conventions).
+
+    Over every verification step of every prompt (``DecodeResult.accepted``/``proposed``): the histogram of
+    the acceptance length L = τ + 1 (tokens a step commits, the correction or bonus included; keys "1".."K+1"),
+    ``marginal_accept_rates[i]`` = P(τ >= i+1), ``conditional_accept_rates[i]`` = P(τ >= i+1 | τ >= i) (0
+    where no step reached i), ``mean_accept_length`` = mean L per step, ``mean_accept_length_per_request``
+    (the mean of per-prompt means), K = the longest block proposed; ``truncated_steps`` proposed fewer than K
+    (the last blocks of a prompt, a prompt-lookup miss), and they count as steps. ``mean_consistency``
+    checks AL = 1 + Σ marginals within :data:`MEAN_CONSISTENCY_TOLERANCE` (:func:`check_profile`)."""
+    taus = [a for r in decode_results for a in r.accepted]
+    K = max((p for r in decode_results for p in r.proposed), default=0)
+    hist = [0] * (K + 1)
+    for a in taus:
+        hist[a] += 1
+    n = len(taus)
+    reach = [sum(hist[i:]) / n for i in range(1, K + 1)] if n else [0.0] * K  # P(τ >= i), i = 1..K
+    cond = [(reach[i] / (reach[i - 1] if i else 1.0)) if (i == 0 or reach[i - 1] > 0) else 0.0 for i in range(K)]
+    per_req = [sum(r.accepted) / len(r.accepted) + 1 for r in decode_results if r.accepted]
+    profile = {"num_speculative_tokens": K, "steps": n,
+               "truncated_steps": sum(p < K for r in decode_results for p in r.proposed),
+               "acceptance_length_histogram": {str(L + 1): c for L, c in enumerate(hist)},
+               "conditional_accept_rates": cond, "marginal_accept_rates": reach,
+               "mean_accept_length": (sum(taus) + n) / n if n else None,
+               "mean_accept_length_per_request": sum(per_req) / len(per_req) if per_req else None}
+    return {**profile, "mean_consistency": check_profile(profile)}
+
+
+def check_profile(profile: dict, tolerance: float = MEAN_CONSISTENCY_TOLERANCE) -> dict:
+    """SPEED-Bench's ``mean_consistency``: the mean acceptance length implied by the marginals, 1 + Σ_i
+    marginal[i], against the reported per-step mean; passes within ``tolerance``. It catches a vector cut
+    short (an understated K) or figures that were not measured together."""
+    implied = 1 + sum(profile.get("marginal_accept_rates") or [])
+    reported = profile.get("mean_accept_length")
+    delta = abs(implied - reported) if reported is not None else None
+    return {"implied_mean_accept_length": implied, "reported_mean_accept_length": reported,
+            "abs_delta": delta, "tolerance": tolerance, "passed": delta is not None and delta <= tolerance}
 
 
 def energy_metrics(energy: EnergyReading | Iterable[EnergyReading] | None, tokens: int) -> dict:

@@ -24,16 +24,18 @@ class Claim:
 
     version: str  # the paper version the figure comes from
     text: str  # the claim as the paper states it
-    paper: float  # the published number
+    paper: float | None  # the published number; None for a comparison the paper does not make
     kind: str  # how we measure it: ppl_change | score_change (%), speedup | energy_ratio (x), energy_saving (%)
     versus: str  # our baseline decoder for the comparison
     pairs: tuple[str, ...] = ()  # the pairs the paper measured it on (our model.name); () = any
     method: str = "mtad"
+    versus_where: tuple[tuple[str, Any], ...] = ()  # the baseline's variant, e.g. (("decoder.accept", "block"),)
 
 
 V24 = "arXiv 2407.09722 v2–v4"
 ICLR = "ICLR 2025 camera-ready"
 V1 = "arXiv 2407.09722 v1 (MJSD)"
+REVIEW = "not in the paper (issue 22)"
 _V24_PAIRS = ("opt13b", "opt30b", "llama2-13b", "llama2-70b")
 _ICLR_PAIRS = ("llama3-8b", "llama3-8b-instruct")
 CLAIMS: tuple[Claim, ...] = (
@@ -48,6 +50,12 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(V1, "2.84× less energy vs autoregressive decoding", 2.84, "energy_ratio", "sampling", _V24_PAIRS),
     Claim(V1, "1.49× speed-up vs vanilla speculative decoding", 1.49, "speedup", "speculative", _V24_PAIRS),
     Claim(V1, "1.62× less energy vs vanilla speculative decoding", 1.62, "energy_ratio", "speculative", _V24_PAIRS),
+    # Not the paper's: the reviewer's question (VERIFIERS.md §1). Block verification is the lossless joint rule,
+    # never worse than token-wise in expectation; does the lossy joint rule beat it, and at what perplexity?
+    Claim(REVIEW, "MTAD vs block verification: speed-up", None, "speedup", "speculative",
+          versus_where=(("decoder.accept", "block"), ("decoder.proposer", "draft"))),
+    Claim(REVIEW, "MTAD vs block verification: perplexity change", None, "ppl_change", "speculative",
+          versus_where=(("decoder.accept", "block"), ("decoder.proposer", "draft"))),
 )
 KIND_TEXT = {"ppl_change": "perplexity change", "score_change": "task score change", "speedup": "speed-up",
              "energy_ratio": "energy ratio (baseline J / method J)", "energy_saving": "energy saved"}
@@ -69,7 +77,7 @@ def by_task(df, c: Claim) -> list[dict]:
 
 
 def _judge(c: Claim, prim) -> dict:
-    cells, on_paper = _cells(prim, c.method, c.versus, c.pairs)
+    cells, on_paper = _cells(prim, c.method, c.versus, c.pairs, c.versus_where)
     ivs = [(m, b, *_cell_interval(c.kind, m, b)) for m, b in cells]
     ivs = [(m, b, iv, has) for m, b, iv, has in ivs if iv.point is not None]
     agg = stats.aggregate(c.kind, [iv for _, _, iv, _ in ivs])
@@ -85,10 +93,15 @@ def _judge(c: Claim, prim) -> dict:
     return {"version": c.version, "claim": c.text, "paper": c.paper, "kind": c.kind,
             "ours": (fallback.point if fallback else agg.point) if ivs else None,
             "interval": agg if ivs else None, "fallback": fallback,
-            "comparison": f"{c.method} vs {c.versus}: {KIND_TEXT[c.kind]}", "n_cells": len(ivs),
+            "comparison": f"{c.method} vs {_versus_text(c)}: {KIND_TEXT[c.kind]}", "n_cells": len(ivs),
             "n": agg.n if ivs else 0, "missing": missing,
             "pairs": sorted({m["pair"] for m, _, _, _ in ivs}), "tasks": sorted({m["task"] for m, _, _, _ in ivs}),
             "hardware": hardware, "paper_pairs": on_paper or not c.pairs}
+
+
+def _versus_text(c: Claim) -> str:
+    settings = ", ".join(f"{k.rpartition('.')[2]}={v}" for k, v in c.versus_where)
+    return f"{c.versus} ({settings})" if settings else c.versus
 
 
 def _primary(df):
@@ -104,14 +117,15 @@ def _primary(df):
     return df[keep]
 
 
-def _cells(prim, method: str, versus: str, pairs: Sequence[str]) -> tuple[list[tuple[Any, Any]], bool]:
-    """(method row, baseline row) per comparable cell of the ``_primary`` frame; the bool says whether the
-    paper's pairs were found."""
+def _cells(prim, method: str, versus: str, pairs: Sequence[str],
+           where: tuple[tuple[str, Any], ...] = ()) -> tuple[list[tuple[Any, Any]], bool]:
+    """(method row, baseline row) per comparable cell of the ``_primary`` frame (the baseline's variant picked
+    by ``where``); the bool says whether the paper's pairs were found."""
     on_paper = bool(pairs) and prim["pair"].isin(pairs).any()
     rows = prim[prim["pair"].isin(pairs)] if on_paper else prim
     cells = []
     for _, row in rows[rows["decoder"] == method].iterrows():
-        base = baseline_of(prim, row, versus)
+        base = baseline_of(prim, row, versus, dict(where) if where else None)
         if base is not None:
             cells.append((row, base))
     return cells, on_paper

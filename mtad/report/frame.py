@@ -36,8 +36,10 @@ BASELINE = "speculative"
 JOIN_KEYS = ("model.name", "model.draft", "model.dtype", "task.name", "task.n_prompts", "decoder.max_new_tokens",
              "device_name", "num_threads")
 # Decoder settings that may distinguish variants of one decoder (ablations).
-VARIANT_KEYS = ("gamma", "beam_width", "tau", "temperature", "top_k", "top_p", "accept", "mode", "select",
+VARIANT_KEYS = ("gamma", "beam_width", "tau", "temperature", "top_k", "top_p", "accept", "proposer", "mode", "select",
                 "reference", "k_config", "replacement", "block_top_p")
+# Decoder keys that rows written before them lack, and the value those rows ran with (VERIFIERS.md §4)
+LATE_DEFAULTS = {"decoder.accept": "lossless", "decoder.proposer": "draft"}
 # Measurement settings that, when they differ within one file, also split a decoder's rows (short names).
 SETTING_LABELS = {"model.draft": "draft", "model.dtype": "dtype", "decoder.max_new_tokens": "tokens",
                   "task.n_prompts": "prompts", "device_name": "on", "num_threads": "threads"}
@@ -124,6 +126,9 @@ def _checked(frame):
 
 def _slim(frame, keep: Sequence[str]):
     df = frame.copy().reset_index(drop=True)
+    for key, default in LATE_DEFAULTS.items():  # older rows ran with the default of a key they lack
+        if key in df.columns:
+            df[key] = [default if hashable(v) is None else v for v in df[key]]
     df["pair"], df["decoder"], df["task"] = df["model.name"], df["decoder.name"], df["task.name"]
     df["score_name"] = col(df, "metrics.score_name")
     df["score"] = [num(r.get(f"metrics.score.{r['score_name']}")) if isinstance(r["score_name"], str) else None
@@ -231,12 +236,20 @@ def _weighted_mean(g, name: str, weight: str) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------- baselines
-def baseline_of(df, row, decoder: str = BASELINE):
+def baseline_of(df, row, decoder: str = BASELINE, where: dict | None = None):
     """The row of ``decoder`` measured under the same JOIN_KEYS as ``row`` (same gamma preferred, then the
-    latest); None when there is none. For ``speculative`` only the lossless variant qualifies."""
+    latest); None when there is none. ``where`` ({column: value}) picks a variant, e.g.
+    ``{"decoder.accept": "block"}``; by default a ``speculative`` baseline is the lossless token-wise rule
+    with a draft model (not block verification, not the n-gram proposer)."""
     mask = df["decoder"] == decoder
-    if decoder == BASELINE and "decoder.accept" in df.columns:
-        mask &= df["decoder.accept"].fillna("lossless") == "lossless"
+    if where is None and decoder == BASELINE:
+        where = {"decoder.accept": "lossless", "decoder.proposer": "draft"}
+    for k, v in (where or {}).items():
+        have = df[k] if k in df.columns else None
+        if have is None:
+            mask &= LATE_DEFAULTS.get(k) == v
+        else:
+            mask &= have.map(lambda x, k=k: LATE_DEFAULTS.get(k) if hashable(x) is None else x) == v
     for k in join_columns(df):  # null-safe equality: a missing value matches a missing value
         want = hashable(row[k])
         mask &= df[k].map(lambda v, want=want: hashable(v) == want).astype(bool)

@@ -217,3 +217,63 @@ def test_downstream_claim_is_given_pooled_and_per_task(tmp_path):
     assert down[0][5].startswith("significant") and "capitals, gsm8k" in down[0][6]
     assert down[1][4].startswith("+0.0 %") and down[1][5].startswith("not significant")
     assert down[2][4].startswith("+75.0 %") and down[2][5].startswith("significant at n = 40")
+
+
+# ------------------------------------------------------------------------------------------- MTAD vs block verification
+def _with_rivals(tmp_path: Path, block: bool = True) -> list[dict]:
+    """The fixture rows plus block verification (speculative, accept=block: 0.8 s/prompt-unit, log p -1.1) and
+    n-gram speculative (proposer=ngram: the fastest, 0.3) rows, each with its per-prompt records."""
+    rows = _rows_with_records(tmp_path)
+    spec = next(r for r in rows if r["decoder"]["name"] == "speculative")
+    for r in rows:  # rows written before the proposer key existed: read as proposer=draft
+        r["decoder"].pop("proposer", None)
+    rivals = [("block", {"accept": "block", "proposer": "draft"}, 0.8, -1.1)] if block else []
+    rivals.append(("ngram", {"accept": "lossless", "proposer": "ngram"}, 0.3, -1.3))
+    for name, settings, speed, lp in rivals:
+        r = json.loads(json.dumps(spec))
+        r["decoder"].update(settings)
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in _samples(24, slow=speed, lp=lp)))
+        r["run_dir"] = str(Path("elsewhere") / "runs" / name)
+        r["metrics"]["ms_per_token"] = 1e3 * speed * 2.15 / 10
+        r["metrics"]["ppl_mean_logprob"] = math.exp(-lp - 0.115)
+        r["run_id"] = f"{r['run_id']}-{name}"
+        rows.append(r)
+    return rows
+
+
+def test_claims_mtad_vs_block_verification_with_paired_intervals(tmp_path):
+    import pandas as pd
+
+    frame = pd.DataFrame([flatten_dict(r) for r in _with_rivals(tmp_path)])
+    df = prepare(frame, search=[tmp_path], profiles=[])
+    assert {"speculative (accept=lossless, proposer=draft)", "speculative (accept=block, proposer=draft)",
+            "speculative (accept=lossless, proposer=ngram)"} <= set(df.variant)
+    by = {c["claim"]: c for c in claims(df)}
+    speed, ppl = by["MTAD vs block verification: speed-up"], by["MTAD vs block verification: perplexity change"]
+    assert speed["paper"] is None
+    assert speed["comparison"] == "mtad vs speculative (accept=block, proposer=draft): speed-up"
+    assert speed["ours"] == pytest.approx(0.8 / 0.5) and speed["n"] == 24
+    assert speed["interval"].low == pytest.approx(1.6) and speed["interval"].high == pytest.approx(1.6)
+    assert ppl["ours"] == pytest.approx(100 * math.expm1(-0.1)) and verdict(ppl).startswith("significant at n = 24")
+    # the paper's speed claims still compare against lossless token-wise speculative with a draft model, not
+    # against block verification or the (faster) n-gram rows
+    assert by["1.42× speed-up vs speculative decoding"]["ours"] == pytest.approx(2.0)
+    text = render_markdown(frame, search=[tmp_path], profiles=[])
+    line = next(x for x in text.splitlines() if "MTAD vs block verification: speed-up" in x)
+    assert "1.60× [1.60, 1.60]" in line and "not in the paper" in line
+
+
+def test_claims_without_a_block_row_have_no_figure(tmp_path):
+    """Negative control: with no block-verification row the line stays empty (—), never silently measured
+    against token-wise speculative or the n-gram row."""
+    import pandas as pd
+
+    frame = pd.DataFrame([flatten_dict(r) for r in _with_rivals(tmp_path, block=False)])
+    df = prepare(frame, search=[tmp_path], profiles=[])
+    by = {c["claim"]: c for c in claims(df)}
+    assert by["MTAD vs block verification: speed-up"]["ours"] is None
+    assert by["MTAD vs block verification: perplexity change"]["n_cells"] == 0
+    assert verdict(by["MTAD vs block verification: speed-up"]) == "—"
+    assert by["1.42× speed-up vs speculative decoding"]["ours"] == pytest.approx(2.0)
