@@ -23,7 +23,7 @@ import json
 import sys
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +43,7 @@ class Point:
     distinct2: tuple[float, float, float]
     n_prompts: int
     n_seeds: int
+    scores: dict = field(default_factory=dict, compare=False, repr=False)  # prompt id -> score (seeds averaged)
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -134,7 +135,20 @@ def _point(label, family, value, runs, n_resamples, seed) -> Point:
         low, high = (float(np.percentile(boots[:, col], q)) + shift for q in (lo, hi))
         return (full[col], max(min(low, full[col]), 0.0), min(max(high, full[col]), 1.0))  # both are shares
 
-    return Point(label, family, value, band(0), band(1), n, len(runs))
+    return Point(label, family, value, band(0), band(1), n, len(runs),
+                 {k: float(per_prompt[i]) for k, i in index.items() if not np.isnan(per_prompt[i])})
+
+
+def paired_difference(a: Point, b: Point, n_resamples: int = N_RESAMPLES,
+                      seed: int = SEED) -> tuple[float, float, float]:
+    """Accuracy of ``a`` minus ``b`` on their common prompts, with a 95 % paired bootstrap interval."""
+    keys = sorted(a.scores.keys() & b.scores.keys())
+    d = np.array([a.scores[k] - b.scores[k] for k in keys])
+    if len(d) == 0:
+        return (float("nan"),) * 3
+    idx = np.random.default_rng(seed).integers(0, len(d), (n_resamples, len(d)))
+    means = d[idx].mean(axis=1)
+    return float(d.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
 def frontier_verdict(pts: Sequence[Point]) -> list[str]:
@@ -146,9 +160,7 @@ def frontier_verdict(pts: Sequence[Point]) -> list[str]:
     for p in (p for p in pts if p.family == "mtad"):
         x = p.distinct2[0]
         if len(samp) < 2 or not samp[0].distinct2[0] <= x <= samp[-1].distinct2[0]:
-            out.append(f"{p.label}: outside the sampling frontier's diversity range "
-                       f"({samp[0].distinct2[0]:.3f}–{samp[-1].distinct2[0]:.3f})" if samp else
-                       f"{p.label}: no sampling frontier")
+            out.append(_outside(p, samp))
             continue
         right = next(i for i, s in enumerate(samp) if s.distinct2[0] >= x)
         a, b = samp[max(right - 1, 0)], samp[right]
@@ -164,6 +176,28 @@ def frontier_verdict(pts: Sequence[Point]) -> list[str]:
         out.append(f"{p.label}: {where} the sampling frontier (accuracy {p.accuracy[0]:.3f} "
                    f"[{p.accuracy[1]:.3f}, {p.accuracy[2]:.3f}] vs {y:.3f} on the frontier at distinct-2 {x:.3f})")
     return out
+
+
+def _outside(p: Point, samp: Sequence[Point]) -> str:
+    """A point beyond the frontier's diversity range: judged against the nearest sampling point in diversity,
+    by the paired accuracy difference. Below when that point is both more diverse (it is, on the low side) and
+    significantly more accurate; above when it is less diverse and significantly less accurate."""
+    if not samp:
+        return f"{p.label}: no sampling frontier"
+    low_side = p.distinct2[0] < samp[0].distinct2[0]
+    s = samp[0] if low_side else samp[-1]
+    d, lo, hi = paired_difference(p, s)
+    diff = f"accuracy {d:+.3f} [{lo:+.3f}, {hi:+.3f}] vs {s.label} on the same prompts"
+    span = f"{samp[0].distinct2[0]:.3f}–{samp[-1].distinct2[0]:.3f}"
+    if low_side and hi < 0:
+        return (f"{p.label}: below the sampling frontier — {s.label} is both more diverse (distinct-2 "
+                f"{s.distinct2[0]:.3f} vs {p.distinct2[0]:.3f}) and more accurate ({diff})")
+    if not low_side and lo > 0:
+        return (f"{p.label}: above the sampling frontier — more diverse than every sampling setting and more "
+                f"accurate than the most diverse ({diff})")
+    return (f"{p.label}: outside the frontier's diversity range ({span}), {'less' if low_side else 'more'} diverse "
+            f"than every sampling setting; no accuracy difference the interval can show against the nearest "
+            f"({diff})")
 
 
 def table(pts: Sequence[Point], pair: str, task: str, hardware: str) -> str:

@@ -26,7 +26,7 @@ from mtad.tasks.base import TaskConfig, get_task
 
 PUBLISHED = sorted((REPO_ROOT / "results" / "published").glob("*.jsonl"))
 PROFILE_OF = {"cpu_table": "cpu", "cpu_table_feature": "cpu_feature", "cpu_table_bf16": "cpu_bf16",
-              "cpu_table_bf16_feature": "cpu_bf16_feature"}
+              "cpu_table_bf16_feature": "cpu_bf16_feature", "cpu_qa": "cpu_qa"}
 
 # The draft each table was measured with, as runner.weights_fingerprint records it (file name + sha256[:16];
 # for a draft replaced since: `git show <commit>:models/<dir>/<file> | sha256sum`).
@@ -36,7 +36,9 @@ FEATURE_RUN2 = ["head.safetensors:3121bc266fd46e0d", "model.safetensors:3cde898f
 FEATURE_RUN3 = ["head.safetensors:09016dde359a3550", "model.safetensors:73e87e72ff4a11cc"]  # git a69d499
 DRAFT = {"cpu_table-2026-12-03": TOKEN_STEP231, "cpu_table_bf16-2026-12-03": TOKEN_STEP231,
          "cpu_table_feature-2026-12-03": FEATURE_RUN1, "cpu_table_bf16_feature-run2-2026-12-04": FEATURE_RUN2,
-         "cpu_table_bf16_feature-2026-12-04": FEATURE_RUN3, "cpu_table_feature-2026-12-04": FEATURE_RUN3}
+         "cpu_table_bf16_feature-2026-12-04": FEATURE_RUN3, "cpu_table_feature-2026-12-04": FEATURE_RUN3,
+         "cpu_qa-2026-12-05": FEATURE_RUN3}
+QA = {"cpu_qa-2026-12-05"}  # PROFILE=cpu_qa: its own grid (test_published_qa_rows_hash_into_the_qa_grid)
 # git 0cf75fe renamed the bf16 pair smollm2-bf16 -> smollm2_bf16 in these rows after they were measured;
 # their hashes keep the name they ran under.
 MEASURED_AS = {"cpu_table_bf16-2026-12-03": ["model.name=smollm2-bf16"]}
@@ -81,7 +83,7 @@ def test_every_published_file_is_checked():
 
 
 @needs_data
-@pytest.mark.parametrize("path", [p for p in PUBLISHED if p.stem not in OLDER_SCHEMA], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in PUBLISHED if p.stem not in OLDER_SCHEMA | QA], ids=lambda p: p.stem)
 def test_published_rows_hash_into_their_profiles_grid(path: Path):
     published = {r["config_hash"] for r in load_results(path)}
     jobs, data = profile_grid(path.stem), {}
@@ -104,3 +106,18 @@ def test_older_schema_rows_lack_fields_of_todays_model_config():
     for stem in OLDER_SCHEMA:
         for line in (REPO_ROOT / "results" / "published" / f"{stem}.jsonl").read_text().splitlines():
             assert fields - set(json.loads(line)["model"]), stem
+
+
+@needs_data
+@pytest.mark.parametrize("path", [p for p in PUBLISHED if p.stem in QA], ids=lambda p: p.stem)
+def test_published_qa_rows_hash_into_the_qa_grid(path: Path):
+    """Every QA row is a job of PROFILE=cpu_qa, or that job at seed 1 (a second sampling seed measured
+    before the grid was cut to one seed); every job of the grid has its row."""
+    published = {r["config_hash"] for r in load_results(path)}
+    jobs, data = profile_grid(path.stem), {}
+    hashes = {run_hash(job, DRAFT[path.stem], data) for job in jobs}
+    seed1 = {run_hash([*job, "seed=1"], DRAFT[path.stem], data) for job in jobs if "decoder=sampling" in job
+             and not any(o.startswith("decoder.temperature") for o in job)}
+    assert hashes <= published and published <= hashes | seed1 and len(published - hashes) <= 1
+    # negative control: another prompt count is another config
+    assert run_hash([*jobs[0], "task.n_prompts=10"], DRAFT[path.stem], data) not in published

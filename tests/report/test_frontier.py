@@ -78,3 +78,14 @@ def test_cli_writes_table_and_figure_and_refuses_bad_input(tmp_path):
     res.write_text(res.read_text() + "42\n")
     bad = run(str(res), "--task", "capitals")
     assert bad.returncode == 2 and f"{res}:{len(rows) + 1}" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("mtad_acc, verdict", [(0.3, "below the sampling frontier"), (0.8, "outside the frontier")])
+def test_a_point_less_diverse_than_every_sampling_setting(tmp_path, mtad_acc, verdict):
+    """Beyond the frontier's range, the nearest sampling point decides by the paired accuracy difference:
+    significantly more accurate and more diverse -> below; equally accurate (the control) -> no verdict."""
+    rows = [r for r in _rows(tmp_path, 0.5) if r["decoder"]["name"] != "mtad"]
+    rows.append(_run(tmp_path, "low", {"name": "mtad", "tau": 0.5}, mtad_acc, 2))
+    pts = frontier.points(rows, "capitals", n_resamples=300)["pairX"]
+    (line,) = frontier.frontier_verdict(pts)
+    assert verdict in line and "sampling T=0.3" in line, line
