@@ -81,7 +81,14 @@ def _judge(c: Claim, prim) -> dict:
     ivs = [(m, b, *_cell_interval(c.kind, m, b)) for m, b in cells]
     ivs = [(m, b, iv, has) for m, b, iv, has in ivs if iv.point is not None]
     agg = stats.aggregate(c.kind, [iv for _, _, iv, _ in ivs])
-    fallback = None
+    fallback, pooled = None, False
+    undefined = len(ivs) < len(cells) or not agg.has_interval  # a cell's own change is undefined
+    if c.kind == "score_change" and len(cells) > 1 and undefined:
+        merged = _merged_records(cells)
+        iv = stats.compare("score_change", *merged) if all(merged) else None
+        if iv is not None and iv.has_interval:  # the change of the summed scores over every cell's prompts
+            agg, pooled = iv, True
+            ivs = [(m, b, iv, True) for m, b in cells]
     if c.kind == "score_change" and cells and not agg.has_interval:  # undefined relative change: points
         diffs = [stats.compare("score_diff", m.get("records"), b.get("records")) for m, b in cells]
         if all(d is not None and d.point is not None for d in diffs):
@@ -92,7 +99,7 @@ def _judge(c: Claim, prim) -> dict:
     hardware = sorted({str(x) for m, b, _, _ in ivs for x in (m.get("device_name"), b.get("device_name")) if x})
     return {"version": c.version, "claim": c.text, "paper": c.paper, "kind": c.kind,
             "ours": (fallback.point if fallback else agg.point) if ivs else None,
-            "interval": agg if ivs else None, "fallback": fallback,
+            "interval": agg if ivs else None, "fallback": fallback, "pooled_prompts": pooled,
             "comparison": f"{c.method} vs {_versus_text(c)}: {KIND_TEXT[c.kind]}", "n_cells": len(ivs),
             "n": agg.n if ivs else 0, "missing": missing,
             "pairs": sorted({m["pair"] for m, _, _, _ in ivs}), "tasks": sorted({m["task"] for m, _, _, _ in ivs}),
@@ -102,6 +109,19 @@ def _judge(c: Claim, prim) -> dict:
 def _versus_text(c: Claim) -> str:
     settings = ", ".join(f"{k.rpartition('.')[2]}={v}" for k, v in c.versus_where)
     return f"{c.versus} ({settings})" if settings else c.versus
+
+
+def _merged_records(cells) -> tuple[dict | None, dict | None]:
+    """The method's and the baseline's per-prompt records of every cell in one pair of dicts (keys prefixed
+    by pair and task), so a relative change can be taken over all prompts at once."""
+    out = []
+    for side in (0, 1):
+        recs = [cell[side].get("records") for cell in cells]
+        if any(r is None for r in recs):
+            out.append(None)
+            continue
+        out.append({(cell[0]["pair"], cell[0]["task"], *k): v for cell, r in zip(cells, recs) for k, v in r.items()})
+    return out[0], out[1]
 
 
 def _primary(df):

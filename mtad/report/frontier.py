@@ -225,7 +225,7 @@ def figure(pts: Sequence[Point], pair: str, task: str, hardware: str, path: Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     for family, (color, marker, line) in STYLE.items():
         fam = sorted((p for p in pts if p.family == family), key=lambda p: p.distinct2[0])
         if not fam:
@@ -248,7 +248,7 @@ def figure(pts: Sequence[Point], pair: str, task: str, hardware: str, path: Path
     ax.set_title(f"Accuracy vs diversity on {task}: {pair}, {hardware}\n95 % bootstrap intervals over prompts",
                  fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best", framealpha=0.9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # off the data
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=130)

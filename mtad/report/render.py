@@ -259,7 +259,9 @@ def _fmt_claim_ci(c: dict) -> str:
     if c["fallback"] is not None:
         return "relative change undefined (a baseline score of 0); score Δ " + _fmt_diff(c["fallback"].point,
                                                                                        c["fallback"])
-    return fmt_interval(c["ours"], c["interval"], percent=c["kind"] in PERCENT_KINDS)
+    text = fmt_interval(c["ours"], c["interval"], percent=c["kind"] in PERCENT_KINDS)
+    return text + (" (summed over every cell's prompts: a cell's own change is undefined)"
+                   if c.get("pooled_prompts") else "")
 
 
 # ------------------------------------------------------------------------------------------- markdown

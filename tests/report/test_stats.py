@@ -277,3 +277,32 @@ def test_claims_without_a_block_row_have_no_figure(tmp_path):
     assert by["MTAD vs block verification: perplexity change"]["n_cells"] == 0
     assert verdict(by["MTAD vs block verification: speed-up"]) == "—"
     assert by["1.42× speed-up vs speculative decoding"]["ours"] == pytest.approx(2.0)
+
+
+def test_downstream_claim_pools_prompts_when_a_cells_change_is_undefined(tmp_path):
+    """One task where sampling scores 0 (its relative change is undefined): the pooled claim is the change of
+    the summed scores over every cell's prompts, said so; with every cell defined it stays the cells' mean."""
+    import pandas as pd
+
+    def frame(zero_task: bool):
+        rows = []
+        for task, base_cut, mtad_cut in (("gsm8k", 0 if zero_task else 4, 1 if zero_task else 5), ("capitals", 4, 6)):
+            for r in _rows_with_records(tmp_path / f"{zero_task}-{task}"):
+                r = json.loads(json.dumps(r))
+                r["task"]["name"] = task
+                name = r["decoder"]["name"]
+                run = tmp_path / f"{zero_task}-{task}" / "runs" / name
+                cut = mtad_cut if name == "mtad" else base_cut
+                samples = [{**s, "scores": {"accuracy": float(i % 10 < cut)}} for i, s in enumerate(_samples(40))]
+                (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+                r["run_dir"] = str(run)
+                r["metrics"]["score"] = {"accuracy": cut / 10}
+                rows.append(r)
+        return prepare(pd.DataFrame([flatten_dict(r) for r in rows]), search=[tmp_path], profiles=[])
+
+    down = next(c for c in claims(frame(True)) if c["kind"] == "score_change")
+    assert down["pooled_prompts"] and down["fallback"] is None
+    assert down["ours"] == pytest.approx(100 * ((1 + 6) / (0 + 4) - 1)) and down["interval"].has_interval
+    control = next(c for c in claims(frame(False)) if c["kind"] == "score_change")
+    assert not control["pooled_prompts"] and control["ours"] == pytest.approx((25.0 + 50.0) / 2)
+    assert down["n_cells"] == 2 and down["tasks"] == ["capitals", "gsm8k"]
