@@ -42,10 +42,10 @@ def _check_rows(cfg) -> None:
 def mtad_rows(models, batch, cfg, rng) -> None:
     """``mtad`` on a batch: beams of every row in one draft forward per depth, one target pass for all rows;
     each row accepts its own longest passing prefix and draws its own bonus token."""
-    lookup = NgramLookup(cfg.ngram_max, batch.runs[0].eos) if cfg.proposer == "ngram" else None
-    for target, draft, runs, K in batch.blocks(models):
+    lookup = {id(r): NgramLookup(cfg.ngram_max, r.eos) for r in batch.runs} if cfg.proposer == "ngram" else None
+    for target, draft, runs, K in batch.blocks(models):  # lookup: one table per row
         if lookup is not None:
-            x = [lookup.propose(run.tokens, k) if k else [] for run, k in zip(runs, K)]
+            x = [lookup[id(run)].propose(run.tokens, k) if k else [] for run, k in zip(runs, K)]
             q_x = torch.ones(len(x), max(map(len, x)), device=batch.device)  # (B, max K'): q̃(x̂_j) = 1
         elif max(K):
             x, q_x = beam_rows(draft, batch, K, rng)  # K[b] ids per row, (B, max K)

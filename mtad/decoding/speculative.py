@@ -77,9 +77,10 @@ def draft_rows(draft: Rows, batch, K: list[int], rng: torch.Generator) -> tuple[
     return [row[:k] for row, k in zip(x, K)], torch.stack(q, 1)  # (B, max K, V)
 
 
-def ngram_rows(lookup: NgramLookup, runs, K: list[int], V: int, device) -> tuple[list[list[int]], torch.Tensor]:
-    """:func:`ngram_chain` for every row: up to K[b] prompt-lookup tokens each, one-hot q (B, max K', V)."""
-    x = [lookup.propose(run.tokens, k) if k else [] for run, k in zip(runs, K)]
+def ngram_rows(lookup: dict, runs, K: list[int], V: int, device) -> tuple[list[list[int]], torch.Tensor]:
+    """:func:`ngram_chain` for every row (``lookup``: id(run) -> its table): up to K[b] prompt-lookup tokens
+    each, one-hot q (B, max K', V)."""
+    x = [lookup[id(run)].propose(run.tokens, k) if k else [] for run, k in zip(runs, K)]
     q = torch.zeros(len(x), max(map(len, x)), V, device=device)  # (B, max K', V)
     for b, xb in enumerate(x):
         q[b, torch.arange(len(xb)), torch.tensor(xb, dtype=torch.long)] = 1.0
@@ -90,8 +91,8 @@ def ngram_rows(lookup: NgramLookup, runs, K: list[int], V: int, device) -> tuple
 def speculative_rows(models, batch, cfg, rng) -> None:
     """``speculative`` on a batch: one draft pass and one target pass per iteration for every row; each row
     verifies its own block with its own uniforms and commits its own number of tokens."""
-    lookup = NgramLookup(cfg.ngram_max, batch.runs[0].eos) if cfg.proposer == "ngram" else None
-    for target, draft, runs, K in batch.blocks(models):
+    lookup = {id(r): NgramLookup(cfg.ngram_max, r.eos) for r in batch.runs} if cfg.proposer == "ngram" else None
+    for target, draft, runs, K in batch.blocks(models):  # lookup: one table per row
         if lookup is None:
             x, q = draft_rows(draft, batch, K, rng)  # K[b] ids per row, (B, max K, V)
         else:
