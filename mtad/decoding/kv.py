@@ -393,7 +393,7 @@ class Rows:
     Finished rows leave the batch (:meth:`keep`), so they stop costing compute. Beams (MTAD's draft) live in
     the batch dimension, W per row (:meth:`expand`, :meth:`select`, :meth:`forward_beams`). ``row`` maps each batch
     position to the caller's row index, and forwards are counted in each row's own :class:`Stats`
-    (``stats[row]``); the forward time is shared out equally among the rows in the call.
+    (``stats[row]``); the forward time is shared out equally among the rows in the call (:meth:`_count`).
     No feature drafts and no tree nodes here: those decode one prompt at a time (:class:`Session`)."""
 
     def __init__(self, model, stats: list[Stats], role: str, out_device: torch.device | None = None):
@@ -443,6 +443,9 @@ class Rows:
         return logits if self.out_device is None else logits.to(self.out_device)  # (B, keep, V)
 
     def _count(self, seconds: float, B: int, S: int) -> None:
+        """Every row in the call counts one forward and an equal share of its time; the call's shape
+        (``<role>:seq:<B>x<S>``, B with beams) is counted once, in its first row's ``calls``, so that summing
+        ``calls`` over the rows gives the batch's forwards (:mod:`mtad.measure.costmodel`)."""
         rows = sorted(set(self.row))  # beams of one row count once
         for r in rows:
             st = self.stats[r]
@@ -451,7 +454,7 @@ class Rows:
                 st.target_forwards += 1
             else:
                 st.draft_forwards += 1
-            st.count_call(self.role, "seq", B, S)
+        self.stats[rows[0]].count_call(self.role, "seq", B, S)
 
     def sync(self, tokens: list[list[int]]) -> list[list[int]]:
         """Roll each row back to its longest prefix shared with ``tokens[b]`` (its committed text), keeping
