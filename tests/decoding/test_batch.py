@@ -220,3 +220,18 @@ def test_speculative_batch_is_lossless_per_row_and_independent(monkeypatch):
     _, pairs = batch_counts()
     bad, _ = tm.chi_square(pairs, p1[:, None] * p1[None, :])
     assert bad > bound, f"a uniform shared by all rows passed: chi2 {bad:.1f} <= {bound:.1f}; the test has no power"
+
+
+# ---- sliding windows: slot distance = position distance in every row ----------------------------------------
+@pytest.mark.parametrize("arch", ["mistral", "qwen2"])
+@pytest.mark.parametrize("dec", [("greedy", {}), ("speculative", {}), ("mtad", {})], ids=ids)
+def test_sliding_window_rows_equal_their_one_prompt_runs(arch, dec):
+    """Window W = 8, prompts of 3 to 16 tokens and 13 new ones (every row passes the window): the model's own
+    sliding mask counts cache slots, so it is right only because no row ever has a hole before a real token."""
+    t = tm.model(arch, 1, 32, hidden=16, window=8)
+    models = ModelPair(t, tm.near(t, 5, 0.02))
+    prompts = [PROMPTS[0], list(range(1, 17)), PROMPTS[3]]
+    c = dict(name=dec[0], **dec[1], temperature=0, max_new_tokens=N_NEW, gamma=3, beam_width=3)
+    got = mtad.generate(models, prompts, c, torch.Generator().manual_seed(0))
+    for r, p in zip(got, prompts):
+        assert r.tokens == tm.oracle_greedy(t, p, N_NEW)
