@@ -74,8 +74,8 @@ def run_cell(pair, prompts, dec: dict, B: int, seed: int) -> dict:
             accepted += sum(r.accepted)
             proposed += sum(r.proposed)
     seconds = time.perf_counter() - t0
-    return dict(prompts=len(prompts), tokens=tokens, seconds=seconds, tokens_per_s=tokens / seconds, block_efficiency=tokens / forwards,
-                acceptance_rate=accepted / proposed if proposed else None)
+    return dict(prompts=len(prompts), tokens=tokens, seconds=seconds, tokens_per_s=tokens / seconds,
+                block_efficiency=tokens / forwards, acceptance_rate=accepted / proposed if proposed else None)
 
 
 def interval(xs: list[float]) -> tuple[float, float, float]:
@@ -108,7 +108,10 @@ def main(argv=None) -> int:
     pair = load_pair(cfg["model"])
     prompts = gsm8k_prompts(pair, args.prompts, bool(cfg["model"].get("chat_template", True)))
     batches = [int(b) for b in args.batches.split(",")]
-    dec = lambda name: dict(name=name, max_new_tokens=args.new, gamma=args.gamma, beam_width=4)  # paper T/top-k/top-p
+
+    def dec(name: str) -> dict:  # the paper's T / top-k / top-p defaults
+        return dict(name=name, max_new_tokens=args.new, gamma=args.gamma, beam_width=4)
+
     cells = [(d, B) for B in batches for d in DECODERS]
     for d, B in cells:  # warm-up: every cell's shapes once
         run_cell(pair, prompts[:B], dict(dec(d), max_new_tokens=8), B, 12345)
@@ -130,8 +133,8 @@ def main(argv=None) -> int:
     sha, dirty = git_info(REPO_ROOT)
     out = dict(pair=pair.name, hardware=env["device_name"], num_threads=env["num_threads"], versions=env["versions"],
                git_sha=sha, git_dirty=dirty, prompts=len(prompts), max_new_tokens=args.new, gamma=args.gamma,
-               beam_width=4, reps=args.reps, context_tokens=ctx, mean_prompt_tokens=P, measured=profile.measured, summary=summary,
-               runs=runs, costs_ms=costs)
+               beam_width=4, reps=args.reps, context_tokens=ctx, mean_prompt_tokens=P, measured=profile.measured,
+               summary=summary, runs=runs, costs_ms=costs)
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
@@ -141,8 +144,12 @@ def main(argv=None) -> int:
 
 
 def summarize(runs, batches, profile, gamma, P, new) -> dict:
-    cell = lambda d, B: [r for r in runs if r["decoder"] == d and r["batch"] == B]
-    tps = lambda d, B: [r["tokens_per_s"] for r in sorted(cell(d, B), key=lambda r: r["rep"])]
+    def cell(d, B):
+        return [r for r in runs if r["decoder"] == d and r["batch"] == B]
+
+    def tps(d, B):  # tokens/s per repeat, in repeat order (pairs ratios within a repeat)
+        return [r["tokens_per_s"] for r in sorted(cell(d, B), key=lambda r: r["rep"])]
+
     out = {"cells": [], "ratios": []}
     for B in batches:
         for d in DECODERS:

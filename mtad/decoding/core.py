@@ -270,8 +270,10 @@ def is_batch(prompt_ids) -> bool:
     """A list of prompts (lists or 1-D tensors) or a (B, T) tensor with B > 1; anything else is one prompt."""
     if isinstance(prompt_ids, torch.Tensor):
         return prompt_ids.dim() == 2 and prompt_ids.shape[0] > 1
-    return isinstance(prompt_ids, (list, tuple)) and len(prompt_ids) > 0 and \
-        not isinstance(prompt_ids[0], int) and not (isinstance(prompt_ids[0], torch.Tensor) and prompt_ids[0].dim() == 0)
+    if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
+        return False
+    first = prompt_ids[0]
+    return isinstance(first, (list, tuple)) or isinstance(first, torch.Tensor) and first.dim() > 0
 
 
 def generate_rows(models, prompts: list, cfg: DecoderConfig, rng: torch.Generator | None) -> list[DecodeResult]:

@@ -291,9 +291,9 @@ def batch_cost_per_token(profile: Profile, decoder: str, B: int, gamma: int = 4,
 
     t, d: the profile's target and draft forward costs of B rows x S new tokens (interpolated in B and S,
     :meth:`Profile.cost`); no harness time. With ``prompt_tokens`` P and ``new_tokens`` N, each token also
-    carries its share of the prefill, (t(B, P) [+ d(B, P) with a draft]) / (B N). On hardware where a wider pass costs nearly the same (a GPU at small
-    B, memory-bound) the draft's extra forwards are cheap; once t(B, gamma+1) grows like B (gamma+1), compute-bound,
-    speculation stops paying (:func:`speculation_stops_paying`)."""
+    carries its share of the prefill, (t(B, P) [+ d(B, P) with a draft]) / (B N). Where a wider pass costs
+    nearly the same (memory-bound: a GPU at small B) the draft's extra forwards are cheap; once t(B, gamma+1)
+    grows like B (gamma+1) (compute-bound) speculation stops paying (:func:`speculation_stops_paying`)."""
     t1, tv = profile.cost("target", "seq", B, 1), profile.cost("target", "seq", B, gamma + 1)
     roles = ("target",) if decoder == "sampling" else ("target", "draft")
     prefill = sum(profile.cost(r, "seq", B, prompt_tokens) for r in roles) / (B * new_tokens) \
