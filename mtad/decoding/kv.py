@@ -436,7 +436,7 @@ class Rows:
         cols = (n_t[:, None] - keep + torch.arange(keep)[None, :] - (S - need)).clamp(min=0)  # (B, keep)
         logits = logits.gather(1, cols.to(logits.device)[:, :, None].expand(-1, -1, logits.shape[-1]))
         if not torch.isfinite(logits).all():
-            raise NonFiniteLogits(self.role, self.stats[self.row[0]].target_forwards, C)
+            raise NonFiniteLogits(self.role, getattr(self.stats[self.row[0]], f"{self.role}_forwards"), C)
         for b, ids in enumerate(self.ids):
             ids.extend(new[b])
             self.junk[b] += S - n[b]
