@@ -97,8 +97,12 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--out", default=str(REPO_ROOT / "results" / "published" / "batch_bench.json"))
+    p.add_argument("--replot", action="store_true", help="redraw the figure of --out from its JSON, no decoding")
     p.add_argument("overrides", nargs="*", help="Hydra overrides (default model=smollm2_bf16)")
     args = p.parse_args(argv)
+    if args.replot:
+        figure(json.loads(Path(args.out).read_text()), Path(args.out).with_suffix(".png"))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     overrides = args.overrides if any(o.startswith("model=") for o in args.overrides) else \
         ["model=smollm2_bf16", *args.overrides]
@@ -178,12 +182,15 @@ def summarize(runs, batches, profile, gamma, P, new) -> dict:
 
 
 def figure(out: dict, path: Path) -> None:
+    """Left: tokens/s against batch size, one line per decoder (95% CI over repeats), the cost model dashed.
+    Right: the paired ratios speculative / sampling and MTAD / speculative (95% CI), 1 = parity."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, (ax, rx) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [3, 2]})
+    sizes = sorted({c["batch"] for c in out["summary"]["cells"]})
     for d, color in zip(DECODERS, ("tab:gray", "tab:blue", "tab:orange")):
         cells = [c for c in out["summary"]["cells"] if c["decoder"] == d]
         B = [c["batch"] for c in cells]
@@ -193,18 +200,29 @@ def figure(out: dict, path: Path) -> None:
         ax.errorbar(B, m, yerr=err, marker="o", capsize=3, color=color, label=f"{d} (measured, 95% CI)")
         ax.plot(B, [c["predicted_tokens_per_s"] for c in cells], ls="--", color=color, alpha=0.6,
                 label=f"{d} (cost model)")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({c["batch"] for c in out["summary"]["cells"]}))
-    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.set_xlabel("batch size (prompts decoded together)")
+    for name, color in (("speculative/sampling", "tab:blue"), ("mtad/speculative", "tab:orange")):
+        rs = [r for r in out["summary"]["ratios"] if r["ratio"] == name]
+        v = [r["value"] for r in rs]
+        err = [[x[0] - x[1] for x in v], [x[2] - x[0] for x in v]]
+        rx.errorbar([r["batch"] for r in rs], [x[0] for x in v], yerr=err, marker="o", capsize=3, color=color,
+                    label=name)
+    rx.axhline(1.0, color="black", lw=0.8)
+    rx.set_ylabel("tokens/s ratio (paired per repeat)")
+    for a in (ax, rx):
+        a.set_xscale("log", base=2)
+        a.set_xticks(sizes)
+        a.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        a.set_xlabel("batch size (prompts decoded together)")
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
     ax.set_ylabel("generated tokens / s")
-    ax.set_title(f"{out['pair']} on {out['hardware']}, {out['num_threads']} threads\n"
-                 f"GSM8K, {out['prompts']} prompts x {out['max_new_tokens']} new tokens, gamma={out['gamma']}, "
-                 f"W={out['beam_width']}, {out['reps']} repeats", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    threads = out["num_threads"]
+    fig.suptitle(f"{out['pair']} (bf16 target + token draft) on {out['hardware']} CPU, {threads} thread"
+                 f"{'s' if threads != 1 else ''}; GSM8K, {out['prompts']} prompts x {out['max_new_tokens']} new "
+                 f"tokens, gamma={out['gamma']}, W={out['beam_width']}, {out['reps']} interleaved repeats", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
