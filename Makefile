@@ -7,7 +7,7 @@ PROFILE ?= cpu
 ARGS   ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all run sweep reproduce-table bench bench-core lint train-draft gpu-check slurm-check clean
+.PHONY: help setup test test-all run sweep reproduce-table bench bench-batch bench-core lint train-draft gpu-check slurm-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
@@ -40,6 +40,9 @@ reproduce-table: $(STAMP)  ## regenerate results/tables/<experiment>.md/.tex (PR
 
 bench: $(STAMP)  ## speed benchmark vs Hugging Face generate/assisted generation -> results/bench.jsonl
 	HF_HUB_OFFLINE=1 $(PY) experiments/bench_hf.py $(ARGS)
+
+bench-batch: $(STAMP)  ## batch benchmark: tokens/s of sampling, speculative, mtad at batch 1, 4, 16 -> results/published/batch_bench.{json,png}
+	HF_HUB_OFFLINE=1 $(PY) experiments/bench_batch.py $(ARGS)
 
 bench-core: $(STAMP)  ## decoding-core overhead micro-benchmark on tiny models
 	$(PY) -m mtad.measure.overhead $(ARGS)

@@ -1,7 +1,7 @@
 """``greedy`` and ``sampling``: one target pass per token with a KV cache (ALGORITHMS.md §1-2)."""
 from __future__ import annotations
 
-from mtad.decoding.core import register
+from mtad.decoding.core import register, register_rows
 
 
 @register("greedy")
@@ -19,3 +19,18 @@ def sampling(models, run, cfg, rng) -> None:
     target = run.session(models.target, "target")
     while not run.done:
         run.sample_step(target, rng)
+
+
+@register_rows("greedy")
+def greedy_rows(models, batch, cfg, rng) -> None:
+    """``greedy`` on a batch: each row takes its own argmax."""
+    for target, runs in batch.steps(models):
+        logits = target.forward(batch.pending(target))[:, -1]  # (B, V)
+        batch.commit(runs, logits.argmax(-1)[:, None].tolist())
+
+
+@register_rows("sampling")
+def sampling_rows(models, batch, cfg, rng) -> None:
+    """``sampling`` on a batch: each row draws its own token."""
+    for target, runs in batch.steps(models):
+        batch.sample_step(target, runs, rng)

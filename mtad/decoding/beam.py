@@ -13,7 +13,7 @@ from typing import Callable, Optional
 import torch
 
 from mtad.decoding.filter import draw
-from mtad.decoding.kv import Session
+from mtad.decoding.kv import Rows, Session
 
 # step(parent, tokens) feeds the newest beam tokens (W,) and returns the proposer's filtered
 # distributions for their next token (W, V); parent (W,) indexes the previous step's beams, None at depth 1.
@@ -43,6 +43,11 @@ class BeamTree:
     def gather(self, idx: list[int], values: list[torch.Tensor]) -> list:
         return [values[d][i].item() for d, i in enumerate(idx)]
 
+    def row(self, b: int) -> "BeamTree":
+        """Row b's tree of a batched draw (:func:`beam_sample` with q1 (B, V))."""
+        return BeamTree([t[b] for t in self.tokens], [None if p is None else p[b] for p in self.parents],
+                        [q[b] for q in self.q_tok], self.weight[b])
+
 
 def _draw_n(probs: torch.Tensor, W: int, replacement: bool, rng: torch.Generator) -> torch.Tensor:
     n = W if replacement else min(W, int((probs > 0).sum()))
@@ -51,20 +56,22 @@ def _draw_n(probs: torch.Tensor, W: int, replacement: bool, rng: torch.Generator
 
 def beam_sample(q1: torch.Tensor, step: Step, K: int, W: int, replacement: bool,
                 rng: torch.Generator) -> BeamTree:
-    """Draw the beam tree: q1 (V,) is the proposer's filtered distribution at the prefix."""
-    tok = _draw_n(q1, W, replacement, rng)  # (W,)
-    q_tok = q1[tok]
-    tokens, parents, q_toks, weight = [tok], [None], [q_tok], q_tok / q_tok.sum()
+    """Draw the beam tree: q1 (V,) is the proposer's filtered distribution at the prefix; with q1 (B, V),
+    B independent trees at once (a leading row dimension on every tensor; with replacement only)."""
+    tok = _draw_n(q1, W, replacement, rng)  # (..., W)
+    q_tok = q1.gather(-1, tok)
+    tokens, parents, q_toks, weight = [tok], [None], [q_tok], q_tok / q_tok.sum(-1, keepdim=True)
     for _ in range(1, K):
-        q = step(parents[-1], tokens[-1])  # (W, V)
-        scores = weight[:, None] * q  # (W, V)
-        flat = scores.flatten()  # (W*V,)
-        idx = _draw_n(flat, W, replacement, rng)  # (W,)
+        q = step(parents[-1], tokens[-1])  # (..., W, V)
+        scores = weight[..., None] * q  # (..., W, V)
+        flat = scores.flatten(-2)  # (..., W*V)
+        idx = _draw_n(flat, W, replacement, rng)  # (..., W)
         parent, tok = idx // q.shape[-1], idx % q.shape[-1]
         tokens.append(tok)
         parents.append(parent)
-        q_toks.append(q[parent, tok])
-        weight = flat[idx] / flat[idx].sum()
+        q_toks.append(q.flatten(-2).gather(-1, idx))
+        drawn = flat.gather(-1, idx)
+        weight = drawn / drawn.sum(-1, keepdim=True)
     return BeamTree(tokens, parents, q_toks, weight)
 
 
@@ -105,3 +112,33 @@ def beam_block(proposer: Session, run, K: int, rng) -> tuple[list[int], torch.Te
     if K > 1:
         proposer.collapse(idx[-2], x[:-1])  # the row that holds the best beam's ancestors
     return x, torch.tensor(tree.gather(idx, tree.q_tok), device=run.device)
+
+
+def rows_step(session: Rows, filt: Callable[[torch.Tensor], torch.Tensor], B: int, W: int) -> Step:
+    """Beams of B rows in the cache's batch dimension, W per row (``mtad`` on a batch): parent (B, W)."""
+
+    def step(parent, tokens):
+        if parent is None:
+            session.expand(W)
+        else:
+            session.select((parent + W * torch.arange(B, device=parent.device)[:, None]).flatten().cpu())
+        return filt(session.forward_beams(tokens.flatten())).view(B, W, -1)  # (B, W, V)
+
+    return step
+
+
+def beam_rows(proposer: Rows, batch, K: list[int], rng) -> tuple[list[list[int]], torch.Tensor]:
+    """:func:`beam_block` for every row: beam-sample max(K) tokens per row (W beams each, one forward per
+    depth for all rows); row b keeps the first K[b] tokens of its highest-weight beam. Returns them and the
+    proposer's q̃ of those tokens (B, max K). The proposer's cache ends holding each best beam's first max(K)-1
+    tokens. **[choice]** a row whose block is shortened near max_new_tokens takes a prefix of the deeper draw."""
+    q1 = batch.filt(proposer.forward(batch.pending(proposer))[:, -1])  # (B, V)
+    B, W, k_max = q1.shape[0], batch.cfg.beam_width, max(K)
+    tree = beam_sample(q1, rows_step(proposer, batch.filt, B, W), k_max, W, True, rng)
+    trees = [tree.row(b) for b in range(B)]
+    best = [t.best() for t in trees]
+    if k_max > 1:
+        proposer.select(torch.tensor([b * W + idx[-2] for b, idx in enumerate(best)]))
+    x = [[int(v) for v in t.gather(idx, t.tokens)][:k] for t, idx, k in zip(trees, best, K)]
+    q_x = torch.tensor([t.gather(idx, t.q_tok) for t, idx in zip(trees, best)], device=batch.device)  # (B, max K)
+    return x, q_x

@@ -21,7 +21,7 @@ import torch
 
 from mtad.decoding.config import DecoderConfig
 from mtad.decoding.filter import canonical_device, draw, filter_probs
-from mtad.decoding.kv import Session, Stats, check_tree_support
+from mtad.decoding.kv import Rows, Session, Stats, check_tree_support
 from mtad.decoding.result import DecodeResult
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,8 @@ DECODERS: dict[str, Decoder] = {}
 NEEDS_DRAFT: set[str] = set()
 NEEDS_TREE: dict[str, tuple[str, ...]] = {}  # decoder -> roles whose model must take a 4D tree mask
 CHECKS: dict[str, Callable[..., None]] = {}  # decoder -> check(models, cfg) run before any work
+ROWS: dict[str, Decoder] = {}  # decoder -> its loop over a Batch of prompts (generate on a list of prompts)
+ROW_CHECKS: dict[str, Callable[..., None]] = {}  # decoder -> check(cfg) for batches of more than one prompt
 
 
 def register(name: str, draft: bool = False, tree: tuple[str, ...] = (), check: Callable[..., None] | None = None):
@@ -45,6 +47,19 @@ def register(name: str, draft: bool = False, tree: tuple[str, ...] = (), check: 
             NEEDS_TREE[name] = tree
         if check is not None:
             CHECKS[name] = check
+        return fn
+
+    return wrap
+
+
+def register_rows(name: str, check: Callable[..., None] | None = None):
+    """Register the batched loop of decoder ``name`` (``fn(models, batch, cfg, rng)`` over a :class:`Batch`);
+    ``check(cfg)`` refuses settings it cannot batch. Decoders without one decode one prompt at a time."""
+
+    def wrap(fn: Decoder) -> Decoder:
+        ROWS[name] = fn
+        if check is not None:
+            ROW_CHECKS[name] = check
         return fn
 
     return wrap
@@ -120,6 +135,64 @@ class Run:
         self.commit([int(draw(p, rng))])
 
 
+class Batch:
+    """Several prompts decoded together: one :class:`Run` per row (its own tokens, stop rule and stats) and
+    :class:`mtad.decoding.kv.Rows` caches. Each iteration first drops the rows that stopped from every session
+    (:meth:`active`), so a finished row costs nothing more; rows never wait for each other.
+    Randomness: one generator, and every draw and uniform has a row dimension (B, ...), so rows are independent."""
+
+    def __init__(self, prompts: list[list[int]], cfg: DecoderConfig, eos: set[int], device="cpu"):
+        self.runs = [Run(p, cfg, eos, device) for p in prompts]
+        self.cfg, self.device = cfg, canonical_device(device)
+
+    @property
+    def done(self) -> bool:
+        return all(r.done for r in self.runs)
+
+    def session(self, model, role: str) -> Rows:
+        return Rows(model, [r.stats for r in self.runs], role, out_device=self.device)
+
+    def filt(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.runs[0].filt(logits)
+
+    def active(self, *sessions: Rows) -> list[Run]:
+        """Drop finished rows from ``sessions`` (which hold the same rows); the runs still going, in batch order."""
+        keep = [i for i, r in enumerate(sessions[0].row) if not self.runs[r].done]
+        for s in sessions:
+            if s is not None:
+                s.keep(keep)
+        return [self.runs[r] for r in sessions[0].row]
+
+    def pending(self, session: Rows) -> list[list[int]]:
+        """Roll each row of ``session`` back to its committed text; the tokens it has not seen, per row."""
+        return session.sync([self.runs[r].tokens for r in session.row])
+
+    def steps(self, models):
+        """The plain loop: yields ``(target, runs)`` until every row stopped."""
+        target = self.session(models.target, "target")
+        while not self.done:
+            yield target, self.active(target)
+
+    def blocks(self, models, depth: int | None = None):
+        """The speculative-family loop (:meth:`Run.blocks` for rows): yields ``(target, draft, runs, K)`` with
+        K[b] the draft depth of row b, shortened so its block and bonus token fit; K[b] = 0 is a plain target
+        step for that row within the same forward. ``draft`` is None with ``proposer: ngram``."""
+        target = self.session(models.target, "target")
+        draft = self.session(models.draft, "draft") if self.cfg.proposer == "draft" else None
+        while not self.done:
+            runs = self.active(target, draft)
+            yield target, draft, runs, [max(0, min(depth or self.cfg.gamma, r.remaining - 1)) for r in runs]
+
+    def sample_step(self, target: Rows, runs: list[Run], rng: torch.Generator) -> None:
+        p = self.filt(target.forward(self.pending(target))[:, -1])  # (B, V)
+        self.commit(runs, draw(p, rng).tolist())
+
+    @staticmethod
+    def commit(runs: list[Run], blocks: list[list[int]]) -> None:
+        for run, ids in zip(runs, blocks):
+            run.commit(ids)
+
+
 def _eos_ids(models, cfg: DecoderConfig) -> set[int]:
     if cfg.eos_token_id is not None:
         return {cfg.eos_token_id}
@@ -177,8 +250,65 @@ def _sync_cuda(models) -> None:
                 return
 
 
-def generate(models, prompt_ids, cfg=None, rng: torch.Generator | None = None, **overrides) -> DecodeResult:
-    """Decode one prompt with the decoder named by ``cfg.name``; see ALGORITHMS.md.
+def check_rows(models, cfg: DecoderConfig, n: int) -> None:
+    """Refuse a batch of ``n`` > 1 prompts that ``cfg`` cannot decode together (``models`` None: the config
+    alone, as the runner checks before loading anything)."""
+    if n <= 1:
+        return
+    if cfg.name not in ROWS:
+        raise ValueError(f"decoder '{cfg.name}' decodes one prompt at a time, got a batch of {n}: use batch size 1 "
+                         f"(task.batch_size=1) or a decoder that batches: {sorted(ROWS)}")
+    if cfg.name in ROW_CHECKS:
+        ROW_CHECKS[cfg.name](cfg)
+    if models is not None and cfg.name in NEEDS_DRAFT and cfg.proposer == "draft" \
+            and getattr(models.draft, "reads_target_features", False):
+        raise ValueError(f"a feature draft decodes one prompt at a time, got a batch of {n}: use batch size 1 "
+                         "(task.batch_size=1), a token draft, or proposer=ngram")
+
+
+def is_batch(prompt_ids) -> bool:
+    """A list of prompts (lists or 1-D tensors) or a (B, T) tensor with B > 1; anything else is one prompt."""
+    if isinstance(prompt_ids, torch.Tensor):
+        return prompt_ids.dim() == 2 and prompt_ids.shape[0] > 1
+    if not isinstance(prompt_ids, (list, tuple)) or not prompt_ids:
+        return False
+    first = prompt_ids[0]
+    return isinstance(first, (list, tuple)) or isinstance(first, torch.Tensor) and first.dim() > 0
+
+
+def generate_rows(models, prompts: list, cfg: DecoderConfig, rng: torch.Generator | None) -> list[DecodeResult]:
+    """:func:`generate` on a list of prompts: one result per prompt, in order. Each result's ``wall_time_s``
+    and ``forward_time_s`` are its equal share of the batch's (their sum over the batch is the batch's)."""
+    prompts = [torch.as_tensor(p).flatten().tolist() for p in prompts]
+    for p in prompts:
+        check(models, p, cfg)
+    check_rows(models, cfg, len(prompts))
+    if rng is None:
+        rng = torch.Generator(device=next(models.target.parameters()).device).manual_seed(0)
+    if cfg.name not in ROWS:  # one prompt, decoder without a batched loop
+        return [generate(models, prompts[0], cfg, rng)]
+    batch = Batch(prompts, cfg, _eos_ids(models, cfg), rng.device)
+    with torch.inference_mode():
+        _sync_cuda(models)
+        t0 = time.perf_counter()
+        ROWS[cfg.name](models, batch, cfg, rng)
+        _sync_cuda(models)
+        wall = time.perf_counter() - t0
+    return [_result(run, wall / len(prompts)) for run in batch.runs]
+
+
+def _result(run: Run, wall: float) -> DecodeResult:
+    s = run.stats
+    return DecodeResult(
+        tokens=run.tokens[run.prompt_len:], stop_reason=run.stop_reason or "max_new_tokens",
+        target_forwards=s.target_forwards, draft_forwards=s.draft_forwards, accepted=s.accepted,
+        proposed=s.proposed, position_accepts=s.position_accepts, position_proposals=s.position_proposals,
+        wall_time_s=wall, forward_time_s=s.forward_time_s, calls=dict(s.calls))
+
+
+def generate(models, prompt_ids, cfg=None, rng: torch.Generator | None = None, **overrides):
+    """Decode one prompt with the decoder named by ``cfg.name``; see ALGORITHMS.md. A list of prompts (of any
+    lengths) is decoded together and gives a list of results in the same order (:func:`generate_rows`).
 
     models: a :class:`mtad.models.pair.ModelPair` (``target``, optional ``draft``); prompt_ids: a list of ids or a
     (1, T) / (T,) tensor; cfg: a :class:`DecoderConfig`, dict or OmegaConf node (``overrides`` win);
@@ -187,6 +317,8 @@ def generate(models, prompt_ids, cfg=None, rng: torch.Generator | None = None, *
     generator with GPU models is correct but copies every logit row to the CPU.
     """
     cfg = DecoderConfig.from_any(cfg, **overrides)
+    if is_batch(prompt_ids):
+        return generate_rows(models, list(prompt_ids), cfg, rng)
     prompt = torch.as_tensor(prompt_ids).flatten().tolist()
     check(models, prompt, cfg)
     if rng is None:
@@ -198,9 +330,4 @@ def generate(models, prompt_ids, cfg=None, rng: torch.Generator | None = None, *
         DECODERS[cfg.name](models, run, cfg, rng)
         _sync_cuda(models)
         wall = time.perf_counter() - t0
-    s = run.stats
-    return DecodeResult(
-        tokens=run.tokens[run.prompt_len:], stop_reason=run.stop_reason or "max_new_tokens",
-        target_forwards=s.target_forwards, draft_forwards=s.draft_forwards, accepted=s.accepted,
-        proposed=s.proposed, position_accepts=s.position_accepts, position_proposals=s.position_proposals,
-        wall_time_s=wall, forward_time_s=s.forward_time_s, calls=dict(s.calls))
+    return _result(run, wall)

@@ -73,3 +73,8 @@ def check_device(device: torch.device, *tensors: torch.Tensor, what: str) -> Non
 def uniform(n: int, rng: torch.Generator) -> torch.Tensor:
     """``n`` draws of U(0, 1) from the explicit generator (on the generator's device)."""
     return torch.rand(n, generator=rng, device=rng.device)
+
+
+def uniform_rows(B: int, n: int, rng: torch.Generator) -> torch.Tensor:
+    """(B, n) draws of U(0, 1): each row of a batch its own (:class:`mtad.decoding.core.Batch`)."""
+    return torch.rand(B, n, generator=rng, device=rng.device)

@@ -372,3 +372,144 @@ class Session:
         """:meth:`keep_path` and record the kept nodes' ``tokens`` as linear ids."""
         self.keep_path(nodes)
         self.ids.extend(tokens)
+
+
+class Rows:
+    """One model's cache for several prompts decoded together (``generate`` on a list of prompts): the only
+    place that knows about padding. Rows are *left-padded and right-aligned*: between forwards, row b's
+    committed-so-far tokens ``ids[b]`` fill the last ``len(ids[b])`` cache slots; every other slot is padding,
+    hidden by the 2D attention mask. Each token gets its row's own position (``len(ids[b])`` + offset,
+    :meth:`_positions`), never its cache slot, so rows of different lengths share one forward.
+
+    A forward takes a ragged block, one list of new ids per row, *right*-padded to the longest: a row's real
+    tokens come first, so causality alone hides the pad tokens after them, and no real token ever has a
+    hole between it and its row's earlier keys (slot distance = position distance, which the model's own
+    sliding-window mask relies on). The pads after a row's block are its ``junk``; a per-row rollback
+    (:meth:`sync`) adds the rejected tail to the junk. Junk is removed by :meth:`_pack` before the next
+    forward: one gather per layer that moves every row's kept tokens back to the right edge (a per-row crop;
+    ``DynamicCache.crop`` takes a negative count and can only cut every row alike, which :meth:`_pack` uses
+    when all rows drop the same number). A rejected tail is thus never in a key slot the mask shows.
+
+    Finished rows leave the batch (:meth:`keep`), so they stop costing compute. Beams (MTAD's draft) live in
+    the batch dimension, W per row (:meth:`expand`, :meth:`select`, :meth:`forward_beams`). ``row`` maps each batch
+    position to the caller's row index, and forwards are counted in each row's own :class:`Stats`
+    (``stats[row]``); the forward time is shared out equally among the rows in the call (:meth:`_count`).
+    No feature drafts and no tree nodes here: those decode one prompt at a time (:class:`Session`)."""
+
+    def __init__(self, model, stats: list[Stats], role: str, out_device: torch.device | None = None):
+        self.model, self.stats, self.role = model, stats, role
+        self.cache = full_length_cache(model.config)
+        self.device = model.get_input_embeddings().weight.device
+        self.out_device = out_device
+        self.row: list[int] = list(range(len(stats)))  # batch position -> caller's row
+        self.ids: list[list[int]] = [[] for _ in stats]  # per batch position: tokens in the cache
+        self.junk: list[int] = [0 for _ in stats]  # per batch position: trailing slots to drop before a forward
+        self._stable: list[int] = [0 for _ in stats]
+
+    def __len__(self) -> int:
+        """Cache slots (padding included)."""
+        return self.cache.get_seq_length()
+
+    def _positions(self, lengths: torch.Tensor, S: int) -> torch.Tensor:
+        """(B, S) position ids of a block: row b's tokens continue its own length ``lengths[b]``."""
+        return lengths[:, None] + torch.arange(S)[None, :]  # (B, S)
+
+    def forward(self, new: list[list[int]], keep: int = 1) -> torch.Tensor:
+        """Append ``new[b]`` (at least one id each) to row b; logits (B, keep, V) *right-aligned per row*:
+        ``[b, keep - k:]`` are the logits of row b's last k new tokens for any k <= len(new[b])."""
+        self._pack()
+        n = [len(x) for x in new]
+        assert len(new) == len(self.ids) and min(n) >= 1, "one non-empty block per row"
+        B, S, C = len(new), max(n), len(self)
+        x = torch.tensor([b + [b[-1]] * (S - len(b)) for b in new], dtype=torch.long)  # (B, S) right-padded
+        lengths = torch.tensor([len(ids) for ids in self.ids])  # (B,)
+        slot = torch.arange(C + S)  # (C+S,)
+        n_t = torch.tensor(n)
+        mask = (slot[None, :] >= C - lengths[:, None]) & (slot[None, :] < C + n_t[:, None])  # (B, C+S)
+        need = min(S, max(keep + S - k for k in n))  # logits from the first position any row needs
+        t0 = time.perf_counter()
+        out = self.model(input_ids=x.to(self.device), cache=self.cache, use_cache=True, logits_to_keep=need,
+                         attention_mask=mask.long().to(self.device),
+                         position_ids=self._positions(lengths, S).to(self.device))
+        self._count(time.perf_counter() - t0, B, S)
+        logits = out.logits.float()  # (B, need, V): block positions S - need .. S - 1
+        cols = (n_t[:, None] - keep + torch.arange(keep)[None, :] - (S - need)).clamp(min=0)  # (B, keep)
+        logits = logits.gather(1, cols.to(logits.device)[:, :, None].expand(-1, -1, logits.shape[-1]))
+        if not torch.isfinite(logits).all():
+            raise NonFiniteLogits(self.role, getattr(self.stats[self.row[0]], f"{self.role}_forwards"), C)
+        for b, ids in enumerate(self.ids):
+            ids.extend(new[b])
+            self.junk[b] += S - n[b]
+        return logits if self.out_device is None else logits.to(self.out_device)  # (B, keep, V)
+
+    def _count(self, seconds: float, B: int, S: int) -> None:
+        """Every row in the call counts one forward and an equal share of its time; the call's shape
+        (``<role>:seq:<B>x<S>``, B with beams) is counted once, in its first row's ``calls``, so that summing
+        ``calls`` over the rows gives the batch's forwards (:mod:`mtad.measure.costmodel`)."""
+        rows = sorted(set(self.row))  # beams of one row count once
+        for r in rows:
+            st = self.stats[r]
+            st.forward_time_s += seconds / len(rows)
+            if self.role == "target":
+                st.target_forwards += 1
+            else:
+                st.draft_forwards += 1
+        self.stats[rows[0]].count_call(self.role, "seq", B, S)
+
+    def sync(self, tokens: list[list[int]]) -> list[list[int]]:
+        """Roll each row back to its longest prefix shared with ``tokens[b]`` (its committed text), keeping
+        the last committed token out as :meth:`Session.sync` does; return each row's pending tokens."""
+        pending = []
+        for b, (ids, text) in enumerate(zip(self.ids, tokens)):
+            n = min(len(ids), len(text) - 1)
+            k = min(self._stable[b], n)
+            while k < n and ids[k] == text[k]:
+                k += 1
+            self.junk[b] += len(ids) - k  # the rejected tail: hidden now (outside the row's run), dropped by _pack
+            del ids[k:]
+            self._stable[b] = k
+            pending.append(text[k:])
+        return pending
+
+    def _pack(self) -> None:
+        """Drop every row's junk and the padding columns no row needs: row b's kept tokens end at the last slot."""
+        C = len(self)
+        if C == 0 or not any(self.junk) and C == max(len(ids) for ids in self.ids):
+            return
+        junk, lengths = torch.tensor(self.junk), torch.tensor([len(ids) for ids in self.ids])  # (B,)
+        if junk.min() == junk.max() and C - int(junk[0]) == int(lengths.max()):  # every row drops alike: crop
+            self.cache.crop(-int(junk[0]))  # transformers 5.x: a negative count of tokens to remove
+        else:
+            width = int(lengths.max())
+            src = (torch.arange(width)[None, :] - width + C - junk[:, None]).clamp(min=0)  # (B, C') old slot
+            for layer in self.cache.layers:
+                if layer.is_initialized and layer.keys.numel():
+                    idx = src.to(layer.keys.device)[:, None, :, None].expand(-1, layer.keys.shape[1], -1,
+                                                                          layer.keys.shape[-1])  # (B, H, C', D)
+                    layer.keys, layer.values = layer.keys.gather(2, idx), layer.values.gather(2, idx)
+        self.junk = [0] * len(self.junk)
+
+    def keep(self, positions: list[int]) -> None:
+        """Keep only the rows at batch ``positions`` (finished rows leave the batch)."""
+        if positions != list(range(len(self.ids))):
+            self.select(torch.tensor(positions, dtype=torch.long))
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Row b of the new batch is old row ``rows[b]`` (finished rows dropped, beams reordered)."""
+        rows_l = rows.tolist()
+        if len(self):
+            self.cache.reorder_cache(rows.to(self.device))
+        self.row = [self.row[i] for i in rows_l]
+        self.ids = [list(self.ids[i]) for i in rows_l]
+        self.junk = [self.junk[i] for i in rows_l]
+        self._stable = [self._stable[i] for i in rows_l]
+
+    def expand(self, W: int) -> None:
+        """Replicate every row into ``W`` beams: batch position b*W + w is beam w of row b."""
+        self._pack()
+        self.select(torch.arange(len(self.ids)).repeat_interleave(W))
+
+    def forward_beams(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One step of every beam of every row: tokens (B*W,) -> logits (B*W, V). Each beam's ``ids`` follow
+        it through :meth:`select`, so selecting the best beam's row leaves that row holding its tokens."""
+        return self.forward([[int(t)] for t in tokens.tolist()])[:, -1]

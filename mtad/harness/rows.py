@@ -28,6 +28,8 @@ from typing import Any, Iterable, Mapping, Optional
 from mtad._util.paths import REPO_ROOT
 from mtad._util.version import __version__
 from mtad.decoding.config import HASH_LATE_KEYS, DecoderConfig
+from mtad.tasks.base import HASH_LATE_KEYS as TASK_LATE_KEYS
+from mtad.tasks.base import TaskConfig
 
 log = logging.getLogger(__name__)
 
@@ -158,14 +160,16 @@ RENAMED_PAIRS = {"smollm2_token": "smollm2"}
 
 
 def _drop_late_defaults(plain: dict) -> None:
-    """Leave out decoder keys added after rows were first written (``HASH_LATE_KEYS``) while they hold their
-    defaults: a config that does not use them hashes as before the keys existed, so its old row still counts
-    as done; any other value is part of the hash."""
-    decoder = plain.get("decoder")
-    if isinstance(decoder, dict):
-        for key in HASH_LATE_KEYS:
-            if key in decoder and decoder[key] == getattr(DecoderConfig, key):
-                del decoder[key]
+    """Leave out decoder and task keys added after rows were first written (``HASH_LATE_KEYS`` of
+    :mod:`mtad.decoding.config` and :mod:`mtad.tasks.base`) while they hold their defaults: a config that does
+    not use them hashes as before the keys existed, so its old row still counts as done; any other value is
+    part of the hash."""
+    for group, keys, cls in (("decoder", HASH_LATE_KEYS, DecoderConfig), ("task", TASK_LATE_KEYS, TaskConfig)):
+        node = plain.get(group)
+        if isinstance(node, dict):
+            for key in keys:
+                if key in node and node[key] == getattr(cls, key):
+                    del node[key]
 
 
 def config_hash(cfg: Any, exclude: Iterable[str] = VOLATILE_KEYS) -> str:

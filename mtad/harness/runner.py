@@ -26,6 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mtad.decoding import DecoderConfig, PromptTooLong, generate
+from mtad.decoding.core import check, check_rows
 from mtad.harness.config import check_run, experiment_name
 from mtad.harness.progress import PromptBar
 from mtad.harness.rows import ResultRow, config_hash, to_json_line
@@ -46,8 +47,8 @@ def run(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict | Non
     if job is None:
         return None
     job.start(load_pair(job.mcfg))
-    for sample in job.samples:
-        job.decode(sample)
+    for group in job.groups():
+        job.decode(group)
     return job.finish()
 
 
@@ -69,13 +70,17 @@ def run_interleaved(cfgs: list[DictConfig | dict], on_prompt=None) -> list[dict 
     pair = load_pair(first.mcfg)
     for j in live:
         j.start(pair)
-    n = len(first.samples)
-    for i in range(n):
+    if len({j.tcfg.batch_size for j in live}) > 1:
+        raise ValueError("run_interleaved needs one task.batch_size for every config")
+    groups = [j.groups() for j in live]
+    n, done = len(first.samples), 0
+    for i in range(len(groups[0])):  # a group is task.batch_size prompts decoded together (1 by default)
         for k in range(len(live)):
-            job = live[(i + k) % len(live)]
-            job.decode(job.samples[i])
+            m = (i + k) % len(live)
+            live[m].decode(groups[m][i])
+        done += len(groups[0][i])
         if on_prompt is not None:
-            on_prompt(i + 1, n)
+            on_prompt(done, n)
     return [j.stored_row() if j.done else j.finish() for j in jobs]
 
 
@@ -89,6 +94,7 @@ class Job:
         self.samples, self.results_file, self.run_dir, self.track = samples, results_file, run_dir, track
         self.rows, self.decodes, self.logps, self.scores, self.readings = [], [], [], [], []
         self.skips: Counter = Counter()
+        self.batch_s: list[float] = []
 
     @classmethod
     def prepare(cls, cfg: DictConfig | dict, run_dir: str | Path | None = None,
@@ -107,6 +113,7 @@ class Job:
         if dec.proposer == "ngram":  # a draft-free proposer: the pair's draft is neither loaded nor fingerprinted
             mcfg = replace(mcfg, draft=None, draft_head="full")
         tcfg = TaskConfig.from_any(resolved["task"])
+        check_rows(None, dec, tcfg.batch_size)  # a decoder that cannot batch fails here, before any work
         track = TrackingConfig.from_any(resolved.get("tracking"))
         results_file = Path(resolved.get("results_dir", "results")) / f"{experiment_name(resolved)}.jsonl"
         check_results_file(results_file)  # unwritable output fails here, before any work (mtad.harness.rundir)
@@ -139,6 +146,7 @@ class Job:
         """Take the loaded pair, open the run directory and tracker, decode the warm-up prompts."""
         if self.resolved.get("num_threads"):
             torch.set_num_threads(int(self.resolved["num_threads"]))
+        check_rows(pair, self.dec, self.tcfg.batch_size)
         self.pair = pair
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tracker = make_tracker(self.track, self.run_dir)
@@ -149,31 +157,45 @@ class Job:
         self.bar = PromptBar(len(self.samples), f"{self.dec.name} {self.tcfg.name}",
                              bool(self.resolved.get("progress", True)))
 
-    def decode(self, sample) -> None:
-        """Every turn of one sample (timed, energy window around each), then its scores."""
-        history: list[str] = []
-        for turn in range(_turns(self.task, sample)):
-            row = _one(self.pair, self.task, sample, turn, history, self.dec, self.mcfg, self.rng, self.meter,
-                       bool(self.resolved.get("perplexity", True)))
-            self.rows.append(row)
-            if row.get("skip_reason"):
-                self.skips[row.get("skip_kind") or row["skip_reason"]] += 1
-                break
-            history.append(row["completion"])
-            self.decodes.append(row.pop("_result"))
-            self.readings.append(row.pop("_energy"))
-            if row.get("_logp") is not None:
-                self.logps.append(row.pop("_logp"))
-            if row["scores"]:
-                self.scores.append(row["scores"])
-        self.bar.step(self.decodes)
+    def groups(self) -> list[list]:
+        """The samples in groups of ``task.batch_size``, decoded together."""
+        size = self.tcfg.batch_size
+        return [self.samples[i:i + size] for i in range(0, len(self.samples), size)]
+
+    def decode(self, group: list) -> None:
+        """Every turn of a group of samples, decoded together (one timed energy window per batch), then
+        each one's scores."""
+        history: dict[str, list[str]] = {s.id: [] for s in group}
+        live = list(group)
+        want_ppl = bool(self.resolved.get("perplexity", True))
+        for turn in range(max(_turns(self.task, s) for s in group)):
+            todo = [s for s in live if turn < _turns(self.task, s)]
+            for sample, row in zip(todo, _batch(self.pair, self.task, todo, turn, history, self.dec, self.mcfg,
+                                                self.rng, self.meter, want_ppl, self.batch_s)):
+                self.rows.append(row)
+                if row.get("skip_reason"):
+                    self.skips[row.get("skip_kind") or row["skip_reason"]] += 1
+                    live.remove(sample)
+                    continue
+                history[sample.id].append(row["completion"])
+                self.decodes.append(row.pop("_result"))
+                if row.get("_energy") is not None:
+                    self.readings.append(row.pop("_energy"))
+                row.pop("_energy", None)
+                if row.get("_logp") is not None:
+                    self.logps.append(row.pop("_logp"))
+                row.pop("_logp", None)
+                if row["scores"]:
+                    self.scores.append(row["scores"])
+        for _ in group:
+            self.bar.step(self.decodes)
 
     def finish(self) -> dict | None:
         """Build the row, write samples.jsonl and append the row; None when a concurrent run appended it."""
         self.bar.close()
         resolved, run_dir, results_file = self.resolved, self.run_dir, self.results_file
         row = _finish(resolved, self.dec, self.mcfg, self.tcfg, self.task, self.pair, self.rows, self.decodes,
-                      self.logps, self.scores, self.readings, self.skips, run_dir)
+                      self.logps, self.scores, self.readings, self.skips, run_dir, self.batch_s)
         samples_error = _save_samples(run_dir, self.rows) if resolved.get("save_samples", True) else None
         if not save_row(results_file, row, run_dir, unless_done=not resolved.get("force")):
             self.tracker.finish(row.to_dict(), result_file=None)
@@ -271,50 +293,81 @@ def _encode(task, sample, tokenizer, turn, history, chat) -> Prompt:
 
 
 def _warmup(pair, task, samples, dec, mcfg, rng) -> None:
-    """Untimed decodes so that kernels, allocators and caches are warm; nothing is recorded."""
+    """Untimed decodes so that kernels, allocators and caches are warm (in batches of ``task.batch_size``);
+    nothing is recorded."""
+    prompts = [p.ids for p in (_encode(task, s, pair.tokenizer, 0, (), mcfg.chat_template) for s in samples) if p.ids]
+    size = task.cfg.batch_size
+    for start in range(0, len(prompts), size):
+        group = prompts[start:start + size]
+        try:
+            generate(pair, group if size > 1 else group[0], dec, torch.Generator(device=rng.device).manual_seed(12345))
+        except PromptTooLong:
+            pass
+
+
+def _batch(pair, task, samples, turn, history, dec, mcfg, rng, meter, want_ppl, batch_s: list) -> list[dict]:
+    """Encode ``samples`` at ``turn``, decode the prompts that fit together (one timed energy window), score
+    each. One record per sample, in order. With ``task.batch_size`` > 1 a record also names its batch, the
+    batch's size and wall time (``time_s`` is the record's equal share of it) and ``batch_s`` gets the batch's
+    wall time."""
+    records, todo = [], []
     for sample in samples:
-        prompt = _encode(task, sample, pair.tokenizer, 0, (), mcfg.chat_template)
-        if prompt.ids:
+        prompt = _encode(task, sample, pair.tokenizer, turn, history[sample.id], mcfg.chat_template)
+        base = {"id": sample.id, "turn": turn, "meta": sample.meta, "prompt": prompt.text,
+                "prompt_tokens": len(prompt.ids), "prompt_truncated": prompt.truncated}
+        if prompt.skip_reason:
+            base.update(prompt_tokens=prompt.n_tokens, skip_reason=prompt.skip_reason, skip_kind=prompt.skip_kind)
+        else:
             try:
-                generate(pair, prompt.ids, dec, torch.Generator(device=rng.device).manual_seed(12345))
-            except PromptTooLong:
-                pass
+                check(pair, prompt.ids, dec)
+                todo.append((len(records), sample, prompt))
+            except PromptTooLong as err:
+                if task.cfg.on_long_prompt == "error":
+                    raise
+                base.update(skip_reason=f"prompt does not fit the model context: {err}",
+                            skip_kind="prompts do not fit the model context")
+        records.append(base)
+    if not todo:
+        return records
+    batched = task.cfg.batch_size > 1
+    meter.start()
+    results = generate(pair, [p.ids for _, _, p in todo] if batched else todo[0][2].ids, dec, rng)
+    energy = meter.stop()
+    results = results if batched else [results]
+    wall = sum(r.wall_time_s for r in results)
+    if batched:
+        batch_s.append(wall)
+    for j, ((i, sample, prompt), result) in enumerate(zip(todo, results)):
+        record = _scored(pair, task, sample, prompt, result, want_ppl)
+        record.update(energy_j=energy.joules / len(todo) if energy.joules is not None else None,
+                      _energy=energy if j == 0 else None)  # the batch's window, counted once
+        if batched:
+            record.update(batch=len(batch_s) - 1, batch_size=len(todo), batch_time_s=wall)
+        records[i].update(record)
+    return records
 
 
-def _one(pair, task, sample, turn, history, dec, mcfg, rng, meter, want_ppl) -> dict:
-    prompt = _encode(task, sample, pair.tokenizer, turn, history, mcfg.chat_template)
-    base = {"id": sample.id, "turn": turn, "meta": sample.meta, "prompt": prompt.text,
-            "prompt_tokens": len(prompt.ids), "prompt_truncated": prompt.truncated}
-    if prompt.skip_reason:
-        return {**base, "prompt_tokens": prompt.n_tokens, "skip_reason": prompt.skip_reason,
-                "skip_kind": prompt.skip_kind}
-    try:
-        meter.start()
-        result = generate(pair, prompt.ids, dec, rng)
-        energy = meter.stop()
-    except PromptTooLong as err:
-        if task.cfg.on_long_prompt == "error":
-            raise
-        return {**base, "skip_reason": f"prompt does not fit the model context: {err}",
-                "skip_kind": "prompts do not fit the model context"}
+def _scored(pair, task, sample, prompt, result, want_ppl) -> dict:
     text = pair.tokenizer.decode(result.tokens, skip_special_tokens=True)
     logp = sequence_logprobs(pair.target, prompt.ids, result.tokens) if want_ppl and result.tokens else None
     answer = task.postprocess(sample, text)
     scores = task.score(sample, text) if task.metric else {}
-    return {**base, "completion": text, "answer": answer, "output_ids": result.tokens,
+    return {"completion": text, "answer": answer, "output_ids": result.tokens,
             "n_tokens": result.num_tokens, "stop_reason": result.stop_reason, "time_s": result.wall_time_s,
             "target_forwards": result.target_forwards, "draft_forwards": result.draft_forwards,
             "accepted": result.accepted, "proposed": result.proposed,
             "mean_logprob": float(logp.mean()) if logp is not None else None,
             "perplexity": float(torch.exp(-logp.mean())) if logp is not None else None,
-            "energy_j": energy.joules, "scores": scores,
-            "_result": result, "_energy": energy, "_logp": logp}
+            "scores": scores, "_result": result, "_logp": logp}
 
 
-def _finish(resolved, dec, mcfg, tcfg, task, pair, rows, decodes, logps, scores, readings, skips, run_dir):
+def _finish(resolved, dec, mcfg, tcfg, task, pair, rows, decodes, logps, scores, readings, skips, run_dir,
+            batch_s=()):
     if not decodes:
         raise ValueError(nothing_decoded(rows, skips))
     metrics = run_metrics(decodes, gamma=dec.gamma, energy=combine_readings(readings))
+    if batch_s:  # task.batch_size > 1: per batch wall times (total_decode_s is their sum, ms_per_token per token)
+        metrics.update(n_batches=len(batch_s), batch_s=list(batch_s))
     metrics.update(perplexity(logps) if logps else {})
     metrics.update(diversity([r["output_ids"] for r in rows if "output_ids" in r]))  # over output token ids
     if task.metric:
@@ -323,8 +376,7 @@ def _finish(resolved, dec, mcfg, tcfg, task, pair, rows, decodes, logps, scores,
     metrics.update(task.row_info())
     return ResultRow.build(
         resolved, experiment=experiment_name(resolved), metrics=metrics, decoder=asdict(dec),
-        model={**asdict(mcfg), "info": pair.info},
-        task={**tcfg.to_dict(), "source": resolved["task"]["source"], "selected_ids": [s["id"] for s in rows]},
+        model={**asdict(mcfg), "info": pair.info}, task={**tcfg.to_dict(), "selected_ids": [s["id"] for s in rows]},
         seed=int(resolved.get("seed", 0)), n_prompts=len(decodes),
         skip_reasons={**task.skip_counts(), **dict(skips)}, run_dir=run_dir,
         devices=_devices(pair))

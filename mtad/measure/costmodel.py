@@ -36,7 +36,7 @@ import torch
 
 from mtad.decoding import DecoderConfig
 from mtad.decoding.core import DECODERS, NEEDS_DRAFT, context_limit
-from mtad.measure.timing import Shape, time_decodes, time_forwards
+from mtad.measure.timing import Shape, time_decodes, time_forwards, time_rows
 
 log = logging.getLogger("mtad.measure.costmodel")
 
@@ -255,3 +255,67 @@ def measure(pair, hardware: str, num_threads: int | None, gamma: int = 4, W: int
     return Profile(hardware=hardware, pair=pair.name, costs_ms=costs, overhead_ms=overhead,
                    num_threads=num_threads, context_tokens=context, reps=reps,
                    measured=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+# ------------------------------------------------------------------------------------------- batch width
+def measure_batch(pair, batches: Sequence[int], gamma: int = 4, W: int = 4, context: int = 128, prompt: int = 0,
+                  reps: int = 5, min_seconds: float = 2.0) -> dict[str, list[list[float]]]:
+    """Cost curves over batch width for :func:`batch_cost_per_token`: ``target:seq:<B>`` at 1 and gamma+1 new
+    tokens, ``draft:seq:<B>`` and ``draft:seq:<B*W>`` (MTAD's beams) at 1, after ``context`` cached tokens, and
+    with ``prompt`` > 0 both models' prefill of ``prompt`` tokens (after one cached token), for every B in
+    ``batches`` (the keys of :class:`Profile` ``costs_ms``, so a profile can carry them)."""
+    vocab = pair.target.get_output_embeddings().weight.shape[0]
+    tokens = torch.randint(3, vocab, (context + max(gamma + 1, prompt),),
+                           generator=torch.Generator().manual_seed(0)).tolist()
+    jobs = {("target", B, n, context) for B in batches for n in (1, gamma + 1)}
+    jobs |= {("target", B, prompt, 1) for B in batches if prompt}
+    if pair.draft is not None:
+        jobs |= {("draft", R, 1, context) for B in batches for R in (B, B * W)}
+        jobs |= {("draft", B, prompt, 1) for B in batches if prompt}
+    costs: dict[str, list[list[float]]] = {}
+    for role, rows, new, ctx in sorted(jobs):
+        model = pair.target if role == "target" else pair.draft
+        ms = 1e3 * time_rows(model, role, rows, new, ctx, tokens, reps, min_seconds)
+        costs.setdefault(f"{role}:seq:{rows}", []).append([new, ms])
+    return {k: sorted(v) for k, v in costs.items()}
+
+
+def batch_cost_per_token(profile: Profile, decoder: str, B: int, gamma: int = 4, W: int = 4,
+                         tokens_per_iteration: float = 1.0, prompt_tokens: int = 0, new_tokens: int = 0) -> float:
+    """Predicted cost per generated token of ``decoder`` decoding B prompts together (steady state, one row
+    of B per prompt, ``tokens_per_iteration`` = block efficiency per row, assumed not to depend on B):
+
+        sampling     t(B, 1) / B
+        speculative  (gamma d(B, 1) + t(B, gamma+1)) / (B E)
+        mtad         (d(B, 1) + (gamma - 1) d(B W, 1) + t(B, gamma+1)) / (B E)
+
+    t, d: the profile's target and draft forward costs of B rows x S new tokens (interpolated in B and S,
+    :meth:`Profile.cost`); no harness time. With ``prompt_tokens`` P and ``new_tokens`` N, each token also
+    carries its share of the prefill, (t(B, P) [+ d(B, P) with a draft]) / (B N). Where a wider pass costs
+    nearly the same (memory-bound: a GPU at small B) the draft's extra forwards are cheap; once t(B, gamma+1)
+    grows like B (gamma+1) (compute-bound) speculation stops paying (:func:`speculation_stops_paying`)."""
+    t1, tv = profile.cost("target", "seq", B, 1), profile.cost("target", "seq", B, gamma + 1)
+    roles = ("target",) if decoder == "sampling" else ("target", "draft")
+    prefill = sum(profile.cost(r, "seq", B, prompt_tokens) for r in roles) / (B * new_tokens) \
+        if prompt_tokens and new_tokens else 0.0
+    if decoder == "sampling":
+        return t1 / B + prefill
+    if decoder == "speculative":
+        draft = gamma * profile.cost("draft", "seq", B, 1)
+    elif decoder == "mtad":
+        draft = profile.cost("draft", "seq", B, 1) + (gamma - 1) * profile.cost("draft", "seq", B * W, 1)
+    else:
+        raise ValueError(f"batch_cost_per_token models sampling, speculative and mtad, not {decoder!r}")
+    return (draft + tv) / (B * tokens_per_iteration) + prefill
+
+
+def speculation_stops_paying(profile: Profile, decoder: str, tokens_per_iteration: float, gamma: int = 4,
+                             W: int = 4, max_batch: int = 256, prompt_tokens: int = 0,
+                             new_tokens: int = 0) -> int | None:
+    """The smallest batch width B <= ``max_batch`` at which ``decoder`` is predicted to cost at least as much per
+    token as sampling (None: it pays at every width up to ``max_batch``; 1: it never pays)."""
+    for B in range(1, max_batch + 1):
+        if batch_cost_per_token(profile, decoder, B, gamma, W, tokens_per_iteration, prompt_tokens, new_tokens) >= \
+                batch_cost_per_token(profile, "sampling", B, gamma, W, 1.0, prompt_tokens, new_tokens):
+            return B
+    return None

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import torch
 
 from mtad.decoding import generate
-from mtad.decoding.kv import Stats
+from mtad.decoding.kv import Rows, Stats
 from mtad.models.feature_draft import timing_session
 
 K = TypeVar("K", bound=Hashable)
@@ -163,3 +163,23 @@ def time_decodes(pair, cfg, prompts: Sequence[Sequence[int]], seeds: Sequence[in
         tot["target_forwards"] += r.target_forwards
         tot["draft_forwards"] += r.draft_forwards
     return tot
+
+
+def time_rows(model, role: str, rows: int, new: int, context: int, tokens: Sequence[int], reps: int = 10,
+              min_seconds: float = 0.0) -> float:
+    """Seconds of one forward of ``new`` tokens in each of ``rows`` prompts after ``context`` cached tokens
+    each (a batched decode's shape, :class:`mtad.decoding.kv.Rows`; ``<role>:seq:<rows>x<new>``): the cache is
+    filled once and rolled back after every timed forward; the trimmed mean over ``reps`` rounds or more."""
+    ctx, step = cycle(tokens, 0, context), cycle(tokens, context, new)
+    session = Rows(model, [Stats() for _ in range(rows)], role)
+    device = model.get_input_embeddings().weight.device
+    times, start, r = [], time.perf_counter(), 0
+    with torch.inference_mode():
+        session.forward([ctx] * rows)
+        while r <= reps or time.perf_counter() - start < min_seconds:  # round 0 warms up
+            session.sync([ctx + [-1]] * rows)  # the cache back to exactly ctx
+            seconds, _ = timed(session.forward, [step] * rows, new, device=device)
+            if r:
+                times.append(seconds)
+            r += 1
+    return trimmed_mean(times)

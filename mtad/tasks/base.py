@@ -22,6 +22,10 @@ from mtad.tasks.records import SkippedRow, hub_dataset, hub_fingerprint, hub_row
 
 log = logging.getLogger(__name__)
 
+# Keys added after result rows were first written: left out of the config hash at their defaults, so such a row
+# is still found (mtad.harness.rows.canonical_config), as decoding.config.HASH_LATE_KEYS for the decoder.
+HASH_LATE_KEYS = ("batch_size",)
+
 _CHOICES = {
     "source": ("auto", "local", "hub"),
     "selection": ("first", "random"),
@@ -43,6 +47,7 @@ class TaskConfig:
     hub_config: str | None = None  # second argument of load_dataset (e.g. "main", "3.0.0")
     split: str = "test"
     n_prompts: int = 10  # 0 = all
+    batch_size: int = 1  # prompts decoded together (mtad.generate on a list); > 1 for batching decoders only
     selection: str = "first"  # first | random (seeded by selection_seed)
     selection_seed: int = 0
     few_shot: int = 0  # in-context examples from few_shot_split (never from the evaluated rows)
@@ -63,7 +68,8 @@ class TaskConfig:
         for key, allowed in _CHOICES.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"task.{key}={getattr(self, key)!r} is not valid: choose one of {allowed}")
-        for key, low in (("n_prompts", 0), ("few_shot", 0), ("max_prompt_tokens", 0), ("memory_mb", 64)):
+        for key, low in (("n_prompts", 0), ("few_shot", 0), ("max_prompt_tokens", 0), ("memory_mb", 64),
+                         ("batch_size", 1)):
             if getattr(self, key) < low:
                 raise ValueError(f"task.{key}={getattr(self, key)!r} is out of range: must be >= {low}")
         if self.turns not in (1, 2):

@@ -1,0 +1,237 @@
+"""Batches of prompts (``mtad.generate`` on a list of prompts of different lengths, :class:`mtad.decoding.kv.Rows`).
+
+Per batch size 1, 2 and 5, with rows that stop (EOS) at different steps: at T = 0 every row equals its own
+one-prompt greedy decode, token for token, with the same stop reason, the same target forwards and the same
+acceptance record, for greedy, speculative (every accept rule, draft and prompt-lookup proposers) and MTAD.
+Speculative sampling on a batch is lossless per row (chi-square of the first two tokens of each row against
+that row's exact joint) and its rows are independent (chi-square of two identical rows' first tokens against
+the product of their marginals). Controls that must fail: a rejected tail left visible in the cache,
+positions advanced alike for every row, and one uniform shared by all rows.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import tinymodels as tm
+
+import mtad
+import mtad.decoding.speculative as speculative_mod
+from mtad.decoding.filter import filter_probs
+from mtad.decoding.kv import Rows
+from mtad.models.pair import ModelPair
+
+torch.set_num_threads(1)
+
+# different lengths; the first two stop at different steps (checked in test_rows_stop_at_different_steps)
+PROMPTS = [[5, 7, 11], [1, 2, 3, 4, 5, 6, 7, 8], [9], [3, 3, 8, 1, 2], [4, 4, 6, 2, 1, 9, 12]]
+SIZES = [1, 2, 5]
+N_NEW = 13
+ARCHS = ["llama", "opt"]
+DECODERS = [
+    ("greedy", {}),
+    ("speculative", {}),
+    ("speculative", {"accept": "threshold"}),
+    ("speculative", {"accept": "block"}),
+    ("speculative", {"accept": "typical"}),
+    ("speculative", {"accept": "fuzzy"}),
+    ("speculative", {"proposer": "ngram"}),
+    ("mtad", {}),
+    ("mtad", {"proposer": "ngram"}),
+]
+
+
+def ids(d):
+    name, extra = d
+    return name + "".join(f"-{v}" for v in extra.values())
+
+
+@functools.cache
+def pair(arch: str) -> ModelPair:
+    """A target and a near copy as draft: at T = 0 rows accept different numbers of tokens per iteration."""
+    t = tm.model(arch, 1, 32, hidden=16)
+    return ModelPair(t, tm.near(t, 5, 0.02))
+
+
+@functools.cache
+def eos(arch: str) -> int:
+    """The token whose first greedy occurrence gives the most different stop steps over the five prompts."""
+    outs = [tm.oracle_greedy(pair(arch).target, p, N_NEW) for p in PROMPTS]
+
+    def stops(t):
+        return [o.index(t) if t in o else N_NEW for o in outs]
+
+    return max(range(32), key=lambda t: (len(set(stops(t))), stops(t)[0] != stops(t)[1], N_NEW in stops(t)))
+
+
+def cfg(arch: str, name: str, extra: dict, **kw) -> dict:
+    return dict(name=name, **extra, temperature=0, max_new_tokens=N_NEW, gamma=3, beam_width=3,
+                eos_token_id=eos(arch), **kw)
+
+
+def one(arch, c, prompt):
+    return mtad.generate(pair(arch), prompt, c, torch.Generator().manual_seed(0))
+
+
+def rows(arch, c, prompts, seed=0):
+    return mtad.generate(pair(arch), prompts, c, torch.Generator().manual_seed(seed))
+
+
+# ---- exactness -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rows_stop_at_different_steps(arch):
+    """Guard for the tests below: under the chosen EOS the five rows stop at several different steps (some at
+    max_new_tokens where possible), the first two differently, and the near draft both accepts and rejects."""
+    r = [one(arch, cfg(arch, "greedy", {}), p) for p in PROMPTS]
+    lengths = [len(x.tokens) for x in r]
+    assert len(set(lengths)) >= 3 and lengths[0] != lengths[1], lengths
+    assert "eos" in {x.stop_reason for x in r}
+    acc = [a for p in PROMPTS for a in one(arch, cfg(arch, "speculative", {}), p).accepted]
+    assert 0 in acc and max(acc) >= 2
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("B", SIZES)
+@pytest.mark.parametrize("dec", DECODERS, ids=ids)
+def test_each_row_equals_its_own_greedy_run(arch, B, dec):
+    """At T = 0 row b of a batch of B equals the one-prompt greedy decode of prompt b (tokens, stop reason),
+    and the one-prompt decode of the same decoder in its target forwards and per-iteration acceptance."""
+    c = cfg(arch, *dec)
+    got = rows(arch, c, PROMPTS[:B])
+    assert len(got) == B
+    for r, p in zip(got, PROMPTS[:B]):
+        greedy, alone = one(arch, cfg(arch, "greedy", {}), p), one(arch, c, p)
+        assert r.tokens == greedy.tokens and r.stop_reason == greedy.stop_reason
+        assert (r.target_forwards, r.accepted, r.proposed) == (alone.target_forwards, alone.accepted, alone.proposed)
+
+
+def test_tensor_prompts_and_finished_rows_leave_the_batch():
+    """1-D tensors are prompts too; once a row stops, later target calls carry fewer rows."""
+    c = cfg("llama", "speculative", {})
+    got = rows("llama", c, [torch.tensor(p) for p in PROMPTS])
+    assert [r.tokens for r in got] == [one("llama", c, p).tokens for p in PROMPTS]
+    widths = {int(k.split(":")[2].split("x")[0]) for r in got for k in r.calls if k.startswith("target:")}
+    assert max(widths) == len(PROMPTS) and min(widths) < len(PROMPTS)
+    assert sum(r.wall_time_s for r in got) > 0
+
+
+@pytest.mark.parametrize("name,extra", [("mmtad", {}), ("specinfer", {}), ("mtjd", {"mode": "exhaustive"}),
+                                        ("mtad", {"replacement": False})])
+def test_unbatched_decoders_refuse_more_than_one_prompt(name, extra):
+    """One clear error at batch > 1; a batch of one prompt still decodes (a list of one result)."""
+    c = dict(name=name, **extra, temperature=0, max_new_tokens=4, gamma=2, node_budget=100000)
+    with pytest.raises(ValueError, match="one prompt at a time"):
+        rows("llama", c, PROMPTS[:2])
+    assert len(rows("llama", c, PROMPTS[:1])) == 1
+
+
+# ---- controls: broken caches must fail the exactness test ---------------------------------------------------
+def pack_tail_visible(self):
+    """Crop only what every row drops (``DynamicCache.crop`` cuts all rows alike): the other rows' rejected
+    tails stay in the slots their mask shows."""
+    j = min(self.junk)
+    if j:
+        self.cache.crop(-j)
+    self.junk = [0] * len(self.junk)
+
+
+def positions_uniform(self, lengths, S):
+    """Every row at the longest row's position: positions advanced alike for all rows."""
+    return (int(lengths.max()) + torch.arange(S))[None, :].expand(len(lengths), S)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("broken", [pack_tail_visible, positions_uniform], ids=["tail-visible", "uniform-positions"])
+def test_broken_cache_fails_exactness(arch, broken, monkeypatch):
+    """The exactness test has power: with either bug some row of a speculative batch of 5 leaves its greedy run."""
+    c = cfg(arch, "speculative", {})
+    monkeypatch.setattr(Rows, broken.__name__.replace("pack_tail_visible", "_pack")
+                        .replace("positions_uniform", "_positions"), broken)
+    got = rows(arch, c, PROMPTS)
+    monkeypatch.undo()
+    assert any(r.tokens != one(arch, c, p).tokens for r, p in zip(got, PROMPTS))
+
+
+# ---- distribution: lossless per row, independent across rows ------------------------------------------------
+V = 4
+DIST_PROMPTS = [[1, 2, 3], [1, 2, 3], [2, 1], [3, 0, 1, 2, 1], [1]]  # rows 0 and 1 identical: independence
+FILT = dict(temperature=1.0, top_k=0, top_p=1.0)
+N_DRAWS = 400
+
+
+@functools.cache
+def dist_pair() -> ModelPair:
+    return ModelPair(tm.model("llama", 1, V, hidden=16, layers=1, std=0.5),
+                     tm.model("llama", 2, V, hidden=16, layers=1, std=1.0))
+
+
+def exact_joint2(m, prompt) -> torch.Tensor:
+    """P̃(x_1, x_2 | prompt), cache-free: (V, V)."""
+    f = lambda x: filter_probs(x, **FILT)
+    logits = tm.batch_logits(m, [prompt + [a] for a in range(V)])  # (V, T, V)
+    return f(logits[0, len(prompt) - 1])[:, None] * f(logits[:, len(prompt)])  # (V, V)
+
+
+def batch_counts(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts of the first two tokens per row (B, V, V) and of the first tokens of rows 0 and 1 (V, V) over
+    ``N_DRAWS`` batched decodes (``max_new_tokens=3, gamma=2``: acceptance, residual and bonus all occur)."""
+    g, models = torch.Generator().manual_seed(seed), dist_pair()
+    per_row, pairs = torch.zeros(len(DIST_PROMPTS), V, V), torch.zeros(V, V)
+    for _ in range(N_DRAWS):
+        out = mtad.generate(models, DIST_PROMPTS, dict(name="speculative", **FILT, max_new_tokens=3, gamma=2), g)
+        for b, r in enumerate(out):
+            per_row[b, r.tokens[0], r.tokens[1]] += 1
+        pairs[out[0].tokens[0], out[1].tokens[0]] += 1
+    return per_row, pairs
+
+
+def shared_draw(probs, rng, n=1, replacement=True):
+    """One uniform for every row (the bug): row 0's draw, applied to every row's distribution."""
+    cdf = probs.double().cumsum(-1)  # (B, V)
+    u = torch.rand(n, generator=rng, dtype=torch.float64)  # (n,): shared
+    return torch.searchsorted(cdf, (u[None, :] * cdf[..., -1:]).contiguous(), right=True)  # (B, n)
+
+
+def shared_uniform_rows(B, n, rng):
+    return torch.rand(n, generator=rng)[None, :].expand(B, n)
+
+
+def test_speculative_batch_is_lossless_per_row_and_independent(monkeypatch):
+    """Each row's first two tokens follow its own exact filtered target joint (Pearson chi-square below
+    chi2.ppf(0.999, dof), small cells pooled), and the first tokens of the two identical rows follow the
+    product of their marginals. With one uniform shared by all rows, every row's marginal is still right but
+    the two identical rows always agree: the independence statistic must exceed its bound."""
+    m = dist_pair().target
+    per_row, pairs = batch_counts()
+    for b, prompt in enumerate(DIST_PROMPTS):
+        stat, bound = tm.chi_square(per_row[b], exact_joint2(m, prompt))
+        assert stat < bound, f"row {b} is not lossless: chi2 {stat:.1f} >= {bound:.1f}"
+    p1 = exact_joint2(m, DIST_PROMPTS[0]).sum(1)  # (V,) first-token marginal
+    stat, bound = tm.chi_square(pairs, p1[:, None] * p1[None, :])
+    assert stat < bound, f"rows 0 and 1 are not independent: chi2 {stat:.1f} >= {bound:.1f}"
+
+    monkeypatch.setattr(speculative_mod, "draw", shared_draw)
+    monkeypatch.setattr(speculative_mod, "uniform_rows", shared_uniform_rows)
+    _, pairs = batch_counts()
+    bad, _ = tm.chi_square(pairs, p1[:, None] * p1[None, :])
+    assert bad > bound, f"a uniform shared by all rows passed: chi2 {bad:.1f} <= {bound:.1f}; the test has no power"
+
+
+# ---- sliding windows: slot distance = position distance in every row ----------------------------------------
+@pytest.mark.parametrize("arch", ["mistral", "qwen2"])
+@pytest.mark.parametrize("dec", [("greedy", {}), ("speculative", {}), ("mtad", {})], ids=ids)
+def test_sliding_window_rows_equal_their_one_prompt_runs(arch, dec):
+    """Window W = 8, prompts of 3 to 16 tokens and 13 new ones (every row passes the window): the model's own
+    sliding mask counts cache slots, so it is right only because no row ever has a hole before a real token."""
+    t = tm.model(arch, 1, 32, hidden=16, window=8)
+    models = ModelPair(t, tm.near(t, 5, 0.02))
+    prompts = [PROMPTS[0], list(range(1, 17)), PROMPTS[3]]
+    c = dict(name=dec[0], **dec[1], temperature=0, max_new_tokens=N_NEW, gamma=3, beam_width=3)
+    got = mtad.generate(models, prompts, c, torch.Generator().manual_seed(0))
+    for r, p in zip(got, prompts):
+        assert r.tokens == tm.oracle_greedy(t, p, N_NEW)
