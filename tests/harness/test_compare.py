@@ -47,7 +47,8 @@ def test_interleaved_runs_equal_separate_runs_and_rotate(tmp_path, data_file, mo
     alone = [runner.run(_cfg(tmp_path, data_file, "alone", f"decoder={d}")) for d in decoders]
     order = []
     real = runner.Job.decode
-    monkeypatch.setattr(runner.Job, "decode", lambda self, s: (order.append((s.id, self.dec.name)), real(self, s)))
+    monkeypatch.setattr(runner.Job, "decode",
+                        lambda self, g: (order.extend((s.id, self.dec.name) for s in g), real(self, g)))
     seen = []
     rows = runner.run_interleaved([_cfg(tmp_path, data_file, "inter", f"decoder={d}") for d in decoders],
                                   on_prompt=lambda i, n: seen.append((i, n)))
