@@ -376,7 +376,8 @@ def _finish(resolved, dec, mcfg, tcfg, task, pair, rows, decodes, logps, scores,
     metrics.update(task.row_info())
     return ResultRow.build(
         resolved, experiment=experiment_name(resolved), metrics=metrics, decoder=asdict(dec),
-        model={**asdict(mcfg), "info": pair.info}, task={**tcfg.to_dict(), "selected_ids": [s["id"] for s in rows]},
+        model={**asdict(mcfg), "info": pair.info},
+        task={**tcfg.to_dict(), "source": resolved["task"]["source"], "selected_ids": [s["id"] for s in rows]},
         seed=int(resolved.get("seed", 0)), n_prompts=len(decodes),
         skip_reasons={**task.skip_counts(), **dict(skips)}, run_dir=run_dir,
         devices=_devices(pair))

@@ -221,6 +221,9 @@ def measure_model(model, role: str, gamma: int, W: int, context: int, reps: int,
     return costs
 
 
+NEVER_EOS = 2**31 - 1  # an id no vocabulary has: timed decodes never stop early
+
+
 def measure_overheads(pair, decoders: Sequence[str], context: int, new_tokens: int = 24,
                       decodes: int = 2) -> dict[str, float]:
     """Harness ms per target forward of each decoder: (wall - time inside forwards) / target forwards,
@@ -230,7 +233,7 @@ def measure_overheads(pair, decoders: Sequence[str], context: int, new_tokens: i
     out = {}
     for name in decoders:
         cfg = DecoderConfig(name=name, max_new_tokens=new_tokens, temperature=0.0 if name == "greedy" else 1.0,
-                            eos_token_id=-1)
+                            eos_token_id=NEVER_EOS)
         tot = time_decodes(pair, cfg, [prompt] * decodes, range(1, decodes + 1))
         out[name] = 1e3 * max(0.0, tot["wall_s"] - tot["forward_s"]) / max(tot["target_forwards"], 1)
     return out

@@ -437,9 +437,11 @@ def _published_hash_inputs(*extra: str):
                                            "decoder=speculative", "task=mt_bench", *extra])
     resolved = OmegaConf.to_container(cfg, resolve=True)
     try:
-        data = get_task(TaskConfig.from_any(resolved["task"])).data_fingerprint()
+        task = get_task(TaskConfig.from_any(resolved["task"]))
+        data = task.data_fingerprint()
     except (FileNotFoundError, ValueError) as err:
         pytest.skip(f"mt_bench data not available ({err}); set MTAD_DATA_DIR")
+    resolved["task"]["source"] = task.resolved_source()  # the runner hashes the route task.source=auto took
     return {**resolved, "weights": weights_fingerprint(ModelConfig(**resolved["model"])), "data": data}, row
 
 

@@ -71,7 +71,7 @@ def _decode(pair, names, prompts, tokens):
     results: dict = {name: [] for name in names}
     for i, p in enumerate(prompts):
         for name in names:
-            cfg = DecoderConfig(name=name, max_new_tokens=tokens, eos_token_id=-1)
+            cfg = DecoderConfig(name=name, max_new_tokens=tokens, eos_token_id=2**31 - 1)  # never generated
             results[name].append(generate(pair, p, cfg, torch.Generator().manual_seed(i)))
     out = {}
     for name, rs in results.items():
