@@ -283,18 +283,26 @@ def generate_rows(models, prompts: list, cfg: DecoderConfig, rng: torch.Generato
     for p in prompts:
         check(models, p, cfg)
     check_rows(models, cfg, len(prompts))
-    if rng is None:
-        rng = torch.Generator(device=next(models.target.parameters()).device).manual_seed(0)
+    rng = rng if rng is not None else _default_rng(models)
     if cfg.name not in ROWS:  # one prompt, decoder without a batched loop
         return [generate(models, prompts[0], cfg, rng)]
     batch = Batch(prompts, cfg, _eos_ids(models, cfg), rng.device)
+    wall = _timed(models, lambda: ROWS[cfg.name](models, batch, cfg, rng))
+    return [_result(run, wall / len(prompts)) for run in batch.runs]
+
+
+def _default_rng(models) -> torch.Generator:
+    return torch.Generator(device=next(models.target.parameters()).device).manual_seed(0)
+
+
+def _timed(models, decode) -> float:
+    """Wall seconds of ``decode()`` in inference mode, CUDA synchronised before and after."""
     with torch.inference_mode():
         _sync_cuda(models)
         t0 = time.perf_counter()
-        ROWS[cfg.name](models, batch, cfg, rng)
+        decode()
         _sync_cuda(models)
-        wall = time.perf_counter() - t0
-    return [_result(run, wall / len(prompts)) for run in batch.runs]
+        return time.perf_counter() - t0
 
 
 def _result(run: Run, wall: float) -> DecodeResult:
@@ -321,13 +329,6 @@ def generate(models, prompt_ids, cfg=None, rng: torch.Generator | None = None, *
         return generate_rows(models, list(prompt_ids), cfg, rng)
     prompt = torch.as_tensor(prompt_ids).flatten().tolist()
     check(models, prompt, cfg)
-    if rng is None:
-        rng = torch.Generator(device=next(models.target.parameters()).device).manual_seed(0)
+    rng = rng if rng is not None else _default_rng(models)
     run = Run(prompt, cfg, _eos_ids(models, cfg), rng.device)
-    with torch.inference_mode():
-        _sync_cuda(models)
-        t0 = time.perf_counter()
-        DECODERS[cfg.name](models, run, cfg, rng)
-        _sync_cuda(models)
-        wall = time.perf_counter() - t0
-    return _result(run, wall)
+    return _result(run, _timed(models, lambda: DECODERS[cfg.name](models, run, cfg, rng)))

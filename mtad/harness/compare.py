@@ -9,7 +9,7 @@ reads them back instead of decoding again), and prints a table: ms/token, speed-
 ratio with its paired 95 % bootstrap interval over prompts (:mod:`mtad.report.stats`), then one line that
 says what the numbers show. The pair is ``model=smollm2``, the best embedded pair for the machine
 (:func:`mtad.models.load.resolve_alias` says which and why). Trailing ``key=value`` arguments are Hydra
-overrides for every decoder (``task.n_prompts=40``, ``model=smollm2_token``, ``results_dir=/tmp/r``).
+overrides for every decoder (``task.n_prompts=40``, ``model=smollm2_token``, ``results_dir=other_results``).
 """
 from __future__ import annotations
 

@@ -23,13 +23,6 @@ register_configs()
 PROMPTS = [{"id": f"p{i}", "prompt": f"Question {i}: say hi " + "and more " * i, "answer": "hi"} for i in range(6)]
 
 
-@pytest.fixture
-def data_file(tmp_path: Path) -> Path:
-    path = tmp_path / "prompts.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
-    return path
-
-
 def _cfg(tmp_path: Path, data_file: Path, name: str, *extra: str):
     overrides = ["model=tiny", "task=jsonl", f"task.data_file={data_file}", f"results_dir={tmp_path / 'res'}",
                  f"name={name}", "decoder.max_new_tokens=8", "warmup=0", "progress=false", *extra]

@@ -39,13 +39,6 @@ def make_row(i: int = 0, writer: int = 0) -> dict:
                      run_dir="runs/x").to_dict()
 
 
-@pytest.fixture
-def data_file(tmp_path: Path) -> Path:
-    path = tmp_path / "prompts.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in PROMPTS))
-    return path
-
-
 def _cfg(tmp_path: Path, data_file: Path, *extra: str, hydra: bool = False):
     overrides = [*TINY, f"task.data_file={data_file}", f"results_dir={tmp_path / 'res'}", *extra]
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tasks.test_humaneval_sandbox import _processes_with
 
 from mtad.tasks.sandbox import client
 from mtad.tasks.sandbox import serve as wire
@@ -53,18 +54,6 @@ def colliding(marker: str, n: int = 100000) -> str:
 
 
 ATTACKS = {"nested": nested, "colliding": colliding}
-
-
-def processes_with(marker: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
 
 
 def cgroups_of(pid: int) -> list[str]:
@@ -101,9 +90,9 @@ def traced(monkeypatch):
 
 def assert_nothing_left(marker: str, seen: dict) -> None:
     deadline = time.monotonic() + 2.0  # SIGKILL is delivered at once, but the kernel may take a moment
-    while processes_with(marker) and time.monotonic() < deadline:
+    while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert processes_with(marker) == []
+    assert _processes_with(marker) == []
     assert seen["work"] and not any(os.path.exists(w) for w in seen["work"]), seen
     assert not any(cgroups_of(pid) for pid in seen["pids"])
 
