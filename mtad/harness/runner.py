@@ -63,13 +63,18 @@ def run_interleaved(cfgs: list[DictConfig | dict], on_prompt=None) -> list[dict 
     if not live:
         return [j.stored_row() for j in jobs]
     first = live[0]
-    for j in live[1:]:
-        if j.mcfg != first.mcfg or [s.id for s in j.samples] != [s.id for s in first.samples]:
+    # A draft-free proposer (decoder.proposer=ngram) runs on the same target with the draft left out
+    # (Job.prepare drops it from its model config): it gets the loaded pair without its draft.
+    drafted = next((j for j in live if j.dec.proposer != "ngram"), first)
+    for j in live:
+        same = (j.mcfg == drafted.mcfg if j.dec.proposer != "ngram"
+                else _target_only(j.mcfg) == _target_only(drafted.mcfg))
+        if not same or [s.id for s in j.samples] != [s.id for s in first.samples]:
             raise ValueError("run_interleaved needs one pair and one prompt set: the configs differ in "
                              "model or task (compare decoders only)")
-    pair = load_pair(first.mcfg)
+    pair = load_pair(drafted.mcfg)
     for j in live:
-        j.start(pair)
+        j.start(pair.without_draft() if j.dec.proposer == "ngram" else pair)
     if len({j.tcfg.batch_size for j in live}) > 1:
         raise ValueError("run_interleaved needs one task.batch_size for every config")
     groups = [j.groups() for j in live]
@@ -82,6 +87,10 @@ def run_interleaved(cfgs: list[DictConfig | dict], on_prompt=None) -> list[dict 
         if on_prompt is not None:
             on_prompt(done, n)
     return [j.stored_row() if j.done else j.finish() for j in jobs]
+
+
+def _target_only(mcfg: ModelConfig) -> ModelConfig:
+    return replace(mcfg, draft=None, draft_head="full")
 
 
 class Job:

@@ -27,17 +27,20 @@ arguments are Hydra overrides for every run (``results_dir=...``, ``task.n_promp
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from mtad._util.paths import REPO_ROOT
 from mtad.harness.config import experiment_name, register_configs
 from mtad.harness.profile import profile_command
-from mtad.harness.runner import run
-from mtad.harness.store import load_frame
+from mtad.harness.runner import run, run_interleaved
+from mtad.harness.store import existing_hashes, load_frame
 from mtad.measure.costmodel import find_profiles
 from mtad.report.render import write_tables
 
@@ -155,9 +158,12 @@ def compose_job(job: Sequence[str]):
 
 def reproduce(experiment: str, overrides: Sequence[str] = (), tables_dir: str | Path | None = None,
               run_grid: bool = True, progress: bool = True, cost_profile: bool = True,
-              profile_reps: int = 10) -> Summary:
+              profile_reps: int = 10, interleave: bool = True) -> Summary:
     """Run the preset's grid (resuming), measure the pair's cost profile if this machine has none
-    (``cost_profile``), then write the tables. Returns what happened."""
+    (``cost_profile``), then write the tables. Returns what happened. With ``interleave`` the runs that differ
+    only in the decoder (one pair, one task) decode prompt by prompt in rotating order on one loaded pair
+    (:func:`mtad.harness.runner.run_interleaved`): drift of the machine falls on every decoder alike, so the
+    table's speed ratios are paired; the rows and their hashes are those of separate runs."""
     jobs = grid(experiment, overrides)
 
     first = compose_job(jobs[0])
@@ -166,10 +172,10 @@ def reproduce(experiment: str, overrides: Sequence[str] = (), tables_dir: str | 
     summary = Summary(experiment=name, results_file=results_file)
     if run_grid:
         bar = _bar(len(jobs), summary.experiment, progress)
-        for job in jobs:
-            bar.set_postfix_str(_label(job, overrides), refresh=True)
-            _run_one(run, job, summary)
-            bar.update(1)
+        for group in (interleave_groups(jobs) if interleave else [[job] for job in jobs]):
+            bar.set_postfix_str(" | ".join(_label(job, overrides) for job in group), refresh=True)
+            _run_group(group, summary, results_file)
+            bar.update(len(group))
             _stop_if_hopeless(summary)
         bar.close()
     if not results_file.exists():
@@ -208,6 +214,38 @@ def _stop_if_hopeless(summary: Summary) -> None:
     if summary.ran == 0 and summary.skipped == 0 and len(summary.failed) >= ABORT_AFTER and len(msgs) == 1:
         raise ValueError(f"the first {len(summary.failed)} runs all failed with {msgs.pop()}; "
                          "fix that and rerun (runs already recorded are kept and skipped)")
+
+
+def interleave_groups(jobs: Sequence[Sequence[str]]) -> list[list[Sequence[str]]]:
+    """The jobs grouped by their resolved config without the decoder (one pair, one task and prompt set, one
+    seed), in grid order: each group can be decoded interleaved."""
+    groups: dict[str, list] = {}
+    for job in jobs:
+        plain = OmegaConf.to_container(compose_job(job), resolve=True)
+        plain.pop("decoder", None)
+        plain.pop("hydra", None)
+        groups.setdefault(json.dumps(plain, sort_keys=True, default=str), []).append(job)
+    return list(groups.values())
+
+
+def _run_group(group: Sequence[Sequence[str]], summary: Summary, results_file: Path) -> None:
+    """Run one group interleaved (a single job alone); when the group fails, each job runs alone, so a bad
+    config is reported as its own failure and the others still get their rows."""
+    if len(group) == 1:
+        return _run_one(run, group[0], summary)
+    before = len(existing_hashes(results_file))
+    try:
+        run_interleaved([compose_job(job) for job in group])
+    except (ValueError, FileNotFoundError, OSError, RuntimeError, ImportError) as err:
+        log.warning("interleaved runs of %d configs failed (%s: %s); running each alone",
+                    len(group), type(err).__name__, err)
+        for job in group:
+            _run_one(run, job, summary)
+            _stop_if_hopeless(summary)
+        return
+    ran = len(existing_hashes(results_file)) - before
+    summary.ran += ran
+    summary.skipped += len(group) - ran
 
 
 def _run_one(run, job: Sequence[str], summary: Summary) -> None:
@@ -260,6 +298,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--render-only", action="store_true", help="do not run anything; render the existing rows")
     p.add_argument("--list", action="store_true", help="print the runs of the grid and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-interleave", action="store_true",
+                   help="run the grid's runs one after another (default: the runs of one pair and task that "
+                        "differ only in the decoder decode prompt by prompt in rotating order)")
     p.add_argument("--no-cost-profile", action="store_true",
                    help="do not measure a cost profile when this machine has none (no predicted ms/token)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. results_dir=out task.n_prompts=4")
@@ -285,7 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with logging_redirect_tqdm():
             for experiment, overrides in runs:
                 done.append(reproduce(experiment, overrides, args.tables_dir, run_grid=not args.render_only,
-                                      progress=not args.no_progress, cost_profile=not args.no_cost_profile))
+                                      progress=not args.no_progress, cost_profile=not args.no_cost_profile,
+                                      interleave=not args.no_interleave))
     except (ValueError, FileNotFoundError) as err:
         print(f"mtad.harness.sweep: error: {err}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """The target/draft model pair that every decoder receives."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -21,3 +21,11 @@ class ModelPair:
     @property
     def device(self):
         return next(self.target.parameters()).device
+
+    def without_draft(self) -> "ModelPair":
+        """The same loaded target and tokenizer with no draft (a draft-free proposer's view of the pair): what
+        ``load_pair`` gives for the config with ``draft=None``, without loading the target again."""
+        info = {**self.info, "draft": None, "draft_params": 0, "draft_own_params": 0}
+        if "draft_head" in info:
+            info["draft_head"] = "full"
+        return replace(self, draft=None, info=info)

@@ -66,6 +66,23 @@ def test_interleaving_refuses_different_pairs_or_prompts(tmp_path, data_file):
         runner.run_interleaved([a, b])
 
 
+def test_draft_free_proposer_interleaves_on_the_same_target(tmp_path, data_file):
+    """decoder=speculative_ngram drops the pair's draft (Job.prepare): it is interleaved with drafted decoders
+    on the one loaded target, decodes as it does alone, and its row names no draft."""
+    decoders = ("sampling", "speculative_ngram", "mtad")
+    alone = [runner.run(_cfg(tmp_path, data_file, "alone", f"decoder={d}")) for d in decoders]
+    rows = runner.run_interleaved([_cfg(tmp_path, data_file, "inter", f"decoder={d}") for d in decoders])
+    assert [_outputs(r) for r in rows] == [_outputs(r) for r in alone]
+    ngram, drafted = rows[1], rows[2]
+    assert ngram["metrics"]["draft_forwards"] == 0 < drafted["metrics"]["draft_forwards"]
+    assert ngram["model"]["info"]["draft"] is None and ngram["model"]["info"]["draft_params"] == 0
+    assert drafted["model"]["info"]["draft_params"] > 0
+    # the draft may differ, the target may not
+    other = _cfg(tmp_path, data_file, "inter2", "decoder=speculative_ngram", "model.dtype=bfloat16")
+    with pytest.raises(ValueError, match="one pair and one prompt set"):
+        runner.run_interleaved([_cfg(tmp_path, data_file, "inter2", "decoder=mtad"), other])
+
+
 def _iv(point, low, high, kind="speedup", n=20):
     return stats.Interval(point, low, high, n, kind)
 

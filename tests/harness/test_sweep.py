@@ -228,6 +228,34 @@ def test_controls_preset_renders_intervals_and_the_threshold_control(tmp_path):
     assert "at n = 5" in section
 
 
+def _outputs_by_hash(results_file: Path) -> dict:
+    return {r["config_hash"]: [json.loads(x)["output_ids"]
+                               for x in (Path(r["run_dir"]) / "samples.jsonl").read_text().splitlines()]
+            for r in load_results(results_file)}
+
+
+def test_interleaved_grid_gives_the_rows_of_separate_runs(tmp_path):
+    """The default sweep decodes the runs of one pair and task interleaved: the quick grid falls into one group
+    per task (7 decoders each), and its rows have the hashes and outputs of the same grid run one run after
+    another (--no-interleave). Control: a grid over seeds groups by seed, never mixing two prompt streams."""
+    args = [f"results_dir={tmp_path / 'inter'}", "task.n_prompts=2", "decoder.max_new_tokens=6", "warmup=0"]
+    groups = reproduce.interleave_groups(reproduce.grid("quick", args))
+    assert [len(g) for g in groups] == [7, 7, 7]
+    tasks = [{o for job in g for o in job if o.startswith("task=")} for g in groups]
+    assert all(len(t) == 1 for t in tasks) and len(set.union(*tasks)) == 3
+    seeded = reproduce.interleave_groups(reproduce.grid("quick", [*args, "seed=0,1", "task=gsm8k"]))
+    assert [len(g) for g in seeded] == [7, 7]
+    args.append("task=mt_bench")
+    s = reproduce.reproduce("quick", args, progress=False)
+    assert (s.ran, s.skipped, s.failed) == (7, 0, [])
+    alone = [f"results_dir={tmp_path / 'alone'}", *args[1:]]
+    assert reproduce.reproduce("quick", alone, progress=False, interleave=False).ran == 7
+    inter = _outputs_by_hash(tmp_path / "inter" / "quick.jsonl")
+    assert inter == _outputs_by_hash(tmp_path / "alone" / "quick.jsonl") and len(inter) == 7
+    again = reproduce.reproduce("quick", args, progress=False)
+    assert (again.ran, again.skipped) == (0, 7)
+
+
 @pytest.mark.slow
 def test_full_quick_profile(tmp_path):
     """The quick profile exactly as `make reproduce-table PROFILE=quick` runs it (2 prompts, 16 tokens)."""
