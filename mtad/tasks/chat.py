@@ -5,8 +5,9 @@ earlier answers as ``history``.
 """
 from __future__ import annotations
 
-from mtad.tasks.base import HubCopy, Sample, Task, register
+from mtad.tasks.base import Sample, Task, register
 from mtad.tasks.records import need_str
+from mtad.tasks.sources import HubCopy
 
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from mtad.tasks.base import HubCopy, Sample, Task, cut_at, register
+from mtad.tasks.base import Sample, Task, cut_at, register
 from mtad.tasks.records import need_str
+from mtad.tasks.sources import HubCopy
 
 # A number: optional sign (not after a word character, so "10-20" reads 20), thousands commas, decimals.
 NUMBER = re.compile(r"(?:(?<!\w)-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")

@@ -6,9 +6,10 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-from mtad.tasks.base import HubCopy, Sample, Task, cut_at, register
+from mtad.tasks.base import Sample, Task, cut_at, register
 from mtad.tasks.records import need_str
 from mtad.tasks.sandbox.client import Limits, RunResult, run_check
+from mtad.tasks.sources import HubCopy
 
 log = logging.getLogger(__name__)
 FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)

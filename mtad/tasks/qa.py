@@ -13,8 +13,9 @@ import re
 import unicodedata
 from typing import ClassVar
 
-from mtad.tasks.base import HubCopy, Sample, Task, cut_at, register
+from mtad.tasks.base import Sample, Task, cut_at, register
 from mtad.tasks.records import BadField, need_str
+from mtad.tasks.sources import HubCopy
 
 ARTICLES = frozenset({"a", "an", "the"})
 # Letters that Unicode does not decompose into a base letter and an accent.

@@ -5,8 +5,9 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from mtad.tasks.base import HubCopy, Sample, Task, register
+from mtad.tasks.base import Sample, Task, register
 from mtad.tasks.records import need_str
+from mtad.tasks.sources import HubCopy
 
 INSTRUCTION = "Summarize the following news article in a few sentences."
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL")

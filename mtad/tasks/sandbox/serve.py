@@ -16,9 +16,9 @@ strings stand for themselves; ``{"i": hex}`` int, ``{"f": float.hex()}`` float (
 ``{"c": [re, im]}`` complex, ``{"b": hex}`` bytes, ``{"l"|"t"|"S"|"F": [...]}`` list/tuple/set/frozenset,
 ``{"d": [[k, v], ...]}`` dict.
 
-What the supervisor reads from the candidate is bounded: a message is at most ``MAX_MESSAGE`` bytes and
-``MAX_DEPTH`` levels deep (deeper JSON is refused, never a ``RecursionError``), decoding stops at the
-supervisor's deadline, and a set, frozenset or dict whose elements share one hash more than
+What the supervisor reads from the candidate (``reply.py``) is bounded: a message is at most ``MAX_MESSAGE``
+bytes and ``MAX_DEPTH`` levels deep (deeper JSON is refused, never a ``RecursionError``), decoding stops at
+the supervisor's deadline, and a set, frozenset or dict whose elements share one hash more than
 ``MAX_COLLISIONS`` times (which would make building it quadratic) is refused: :func:`encode` never sends
 equal elements twice, so a genuine value never comes close.
 """

@@ -19,12 +19,12 @@ and a total memory cap over all the candidate's processes — a memory cgroup wh
 else polling of their resident memory (``memory_cap``).
 
 Nothing the candidate sends can stall or crash this process: every error of reading or decoding a reply is a
-failed verdict, replies are bounded in size and depth and decoded against the deadline (``serve.py``), and
-a ``SIGALRM`` ``GRACE_S`` after the deadline ends tests that loop over a hostile value. Every process of the
-sandbox dies with this one: the setup helper and the candidate carry ``PR_SET_PDEATHSIG`` (the helper holds
-none of our pipes), and every path ends in :meth:`Jail.close`. Progress lines on stdout (``{"cgroup": ...}``,
-``{"started": ...}``) let the runner clean up after this process if it has to kill it; the last line is the
-verdict.
+failed verdict, replies are bounded in size and depth and decoded against the deadline (``reply.py``, on the
+wire format of ``serve.py``), and a ``SIGALRM`` ``GRACE_S`` after the deadline ends tests that loop over a
+hostile value. Every process of the sandbox dies with this one: the setup helper and the candidate carry
+``PR_SET_PDEATHSIG`` (the helper holds none of our pipes), and every path ends in :meth:`Jail.close`. Progress
+lines on stdout (``{"cgroup": ...}``, ``{"started": ...}``) let the runner clean up after this process if it
+has to kill it; the last line is the verdict.
 """
 import ctypes
 import fcntl
@@ -41,6 +41,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serve as wire  # noqa: E402 - a sibling script, not a package import
+from reply import CandidateError, Replies, brief  # noqa: E402 - a sibling script, not a package import
 
 SERVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve.py")
 SETUP_FAILED = 97
@@ -66,11 +67,6 @@ class Failed(BaseException):
     def __init__(self, status, message=""):
         super().__init__(message)
         self.status = status
-
-
-class CandidateError(Exception):
-    """The jailed function raised (``message`` is its error, as text): like an exception of the function in
-    the official harness, a test may catch it."""
 
 
 def _ok(rc, what):
@@ -357,15 +353,16 @@ class Jail:
         self.job, self.isolation, self.cgroup, self.child = job, None, None, None
         self.deadline = time.monotonic() + job["timeout_s"]
         self.limit = job["memory_mb"] << 20
-        self.buf, self.last_poll = b"", 0.0
+        self.last_poll = 0.0
         self.failure = None  # the first Failed raised, kept even if a test swallows it
-        self.req = self.rep = None
+        self.req = self.rep = self.replies = None
 
     def start(self, out_fd):
         up_r, up_w = os.pipe()
         down_r, down_w = os.pipe()
         req_r, self.req = os.pipe()
         self.rep, rep_w = os.pipe()
+        self.replies = Replies(self.rep, self._watch, self.fail)
         pipes = {"up_w": up_w, "down_r": down_r, "req_r": req_r, "rep_w": rep_w, "out": out_fd,
                  "parent": (up_r, down_w, self.req, self.rep), "supervisor": os.getpid()}
         self.cgroup = _cgroup(self.limit)
@@ -419,42 +416,19 @@ class Jail:
         raise self.failure
 
     def call(self, message):
-        """Send ``message`` and wait for the reply, watching the time and the total memory. Whatever the
-        candidate sends, the outcome is a reply (a dict) or ``Failed``."""
+        """Send ``message`` and wait for the reply (``reply.Replies``), watching the time and the total memory.
+        Whatever the candidate sends, the outcome is a reply (a dict) or ``Failed``."""
         if self.failure is not None:
             raise self.failure
         try:
             wire.send(self.req, message)
         except OSError:
             self.fail("failed", "the candidate exited")
-        while True:
-            if len(self.buf) >= 4:
-                size = int.from_bytes(self.buf[:4], "big")
-                if size > wire.MAX_MESSAGE:
-                    self.fail("failed", f"oversized reply ({size} bytes > {wire.MAX_MESSAGE})")
-                if len(self.buf) >= 4 + size:
-                    body, self.buf = self.buf[4:4 + size], self.buf[4 + size:]
-                    try:
-                        return wire.parse(body)
-                    except Exception as err:  # noqa: BLE001 - whatever the candidate sent, it failed
-                        self.fail("failed", f"bad reply: {type(err).__name__}: {err}")
-            self._watch()
-            if select.select([self.rep], [], [], 0.02)[0]:
-                chunk = os.read(self.rep, 1 << 20)
-                if not chunk:
-                    self.fail("failed", "the candidate exited")
-                self.buf += chunk
+        return self.replies.next()
 
     def value(self, reply):
         """The decoded return value in a call's reply (under the deadline), or ``Failed``."""
-        if "value" not in reply:
-            raise CandidateError(f"candidate raised {_brief(reply.get('error'))}")
-        try:
-            return wire.decode(reply["value"], deadline=self.deadline + GRACE_S)
-        except wire.Overtime:
-            self.fail("timeout", f"over the {self.job['timeout_s']} s limit (decoding the reply)")
-        except Exception as err:  # noqa: BLE001 - a malformed or hostile value is a failed call
-            self.fail("failed", f"bad return value: {type(err).__name__}: {err}")
+        return self.replies.value(reply, self.deadline + GRACE_S, self.job["timeout_s"])
 
     def _watch(self):
         now = time.monotonic()
@@ -490,13 +464,6 @@ class Jail:
         return reaped and gone
 
 
-def _brief(x):
-    try:
-        return str(x)[:300]
-    except Exception:  # noqa: BLE001 - str() of a hostile value (too deep, too large an int)
-        return f"<{type(x).__name__}>"
-
-
 def _kill(pid):
     try:
         os.kill(pid, signal.SIGKILL)
@@ -508,7 +475,7 @@ def _check(job, jail):
     """The verdict: load the program in the jail, then run the tests here against the jailed function."""
     reply = jail.call({"program": job["program"], "entry_point": job.get("entry_point")})
     if "ok" not in reply:
-        jail.fail("failed", f"the program did not load: {_brief(reply.get('error'))}")
+        jail.fail("failed", f"the program did not load: {brief(reply.get('error'))}")
     if job.get("test") is None:
         return
     scope = {"__name__": "__mtad_check__"}
@@ -526,7 +493,7 @@ def _check(job, jail):
     except CandidateError as err:
         jail.fail("failed", str(err))
     except BaseException as err:  # noqa: BLE001 - an assertion or any other failure of the tests
-        jail.fail("failed", f"{type(err).__name__}: {_brief(err)}")
+        jail.fail("failed", f"{type(err).__name__}: {brief(err)}")
     if jail.failure is not None:  # a test swallowed a failed call (``except:``): still failed
         raise jail.failure
 
@@ -555,7 +522,7 @@ def _judge(job, out):
         except Failed as err:
             status, message = err.status, str(err)
         except Exception as err:  # noqa: BLE001 - anything else here (MemoryError, a bug) fails the sample
-            status, message = "failed", f"supervisor error: {type(err).__name__}: {_brief(err)}"
+            status, message = "failed", f"supervisor error: {type(err).__name__}: {brief(err)}"
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except Failed as err:  # the alarm rang between the check and disarming it
