@@ -158,11 +158,18 @@ def _variants(df) -> list[str]:
         for i, row in rows.iterrows():
             if varying:
                 labels[i] = f"{name} (" + ", ".join(f"{k}={_fmt_setting(row[f'decoder.{k}'])}" for k in varying) + ")"
-    settings = [c for c in SETTING_LABELS if c in df.columns and len({hashable(v) for v in df[c]}) > 1]
+    drafted = [not _draft_free(r) for _, r in df.iterrows()]  # a draft-free row's draft=none splits nothing
+    settings = [c for c in SETTING_LABELS if c in df.columns
+                and len({hashable(v) for v in (df[c][drafted] if c == "model.draft" else df[c])}) > 1]
     if settings:
         labels = [f"{label} [" + ", ".join(f"{SETTING_LABELS[c]}={_fmt_setting(df.at[i, c])}" for c in settings) + "]"
                   for i, label in enumerate(labels)]
     return labels
+
+
+def _draft_free(row) -> bool:
+    """A row decoded by a draft-free proposer (decoder.proposer=ngram): its config records no draft."""
+    return hashable(row.get("decoder.proposer")) == "ngram"
 
 
 def _fmt_setting(value: Any) -> str:
@@ -251,6 +258,8 @@ def baseline_of(df, row, decoder: str = BASELINE, where: dict | None = None):
         else:
             mask &= have.map(lambda x, k=k: LATE_DEFAULTS.get(k) if hashable(x) is None else x) == v
     for k in join_columns(df):  # null-safe equality: a missing value matches a missing value
+        if k == "model.draft" and _draft_free(row):
+            continue  # a draft-free proposer ran on the pair with its draft left out: any draft's baseline
         want = hashable(row[k])
         mask &= df[k].map(lambda v, want=want: hashable(v) == want).astype(bool)
     cands = df[mask]

@@ -306,3 +306,25 @@ def test_downstream_claim_pools_prompts_when_a_cells_change_is_undefined(tmp_pat
     control = next(c for c in claims(frame(False)) if c["kind"] == "score_change")
     assert not control["pooled_prompts"] and control["ours"] == pytest.approx((25.0 + 50.0) / 2)
     assert down["n_cells"] == 2 and down["tasks"] == ["capitals", "gsm8k"]
+
+
+def test_draft_free_rows_join_the_drafted_speculative_baseline(tmp_path):
+    """The n-gram row records no draft (the runner leaves it out): it still gets its speed-up against the
+    drafted token-wise speculative row, and draft=none splits no labels. Control: a drafted row whose draft
+    differs from the baseline's gets no baseline."""
+    import pandas as pd
+
+    rows = _with_rivals(tmp_path)
+    for r in rows:  # a pair with a draft on disk; the n-gram row ran without it
+        r["model"]["draft"] = None if r["decoder"].get("proposer") == "ngram" else "models/some-draft"
+    df = prepare(pd.DataFrame([flatten_dict(r) for r in rows]), search=[tmp_path], profiles=[])
+    ngram = df[df.variant == "speculative (accept=lossless, proposer=ngram)"].iloc[0]
+    assert ngram.speedup == pytest.approx(1 / 0.3) and ngram.speedup_ci.n == 24  # speculative: 1.0 a unit
+    assert not any("[draft=" in v for v in df.variant)
+    other = [json.loads(json.dumps(r)) for r in rows]
+    for r in other:
+        if r["decoder"].get("accept") == "block":
+            r["model"]["draft"] = "another-draft"
+    df = prepare(pd.DataFrame([flatten_dict(r) for r in other]), search=[tmp_path], profiles=[])
+    block = df[df.variant.str.startswith("speculative (accept=block")].iloc[0]
+    assert block.speedup is None or pd.isna(block.speedup)
