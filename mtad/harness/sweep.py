@@ -3,7 +3,9 @@ then render ``<results_dir>/tables/<experiment>.md`` and ``.tex`` (:mod:`mtad.re
 
 The grid is the preset's ``hydra.sweeper.params`` (the same grid ``python -m mtad -m experiment=<name>``
 runs), expanded the way Hydra's basic sweeper does it (overrides given here replace a swept key), and run
-in this process through Hydra's compose API and :func:`mtad.harness.runner.run`, with a progress bar over the runs.
+in this process through Hydra's compose API, with a progress bar over the runs: the runs that differ only in
+the decoder through :func:`mtad.harness.runner.run_interleaved` (prompt by prompt, paired timings; same rows
+and hashes), the others through :func:`mtad.harness.runner.run` (``--no-interleave``: every run alone).
 An interrupted sweep resumes: the runner skips every configuration whose hash already has a row, so a second
 invocation only renders the tables. A run that fails is reported and the sweep goes on (the exit status is
 1 when any run failed), unless the first three runs fail with one message (a missing draft or data set):
@@ -12,7 +14,8 @@ then every run would, and the sweep stops with that message (exit status 2).
 Profiles: ``quick`` (tiny random pair, minutes; tests and CI: the ``quick`` grid and the reviewers' controls
 ``quick_controls``), ``cpu`` (the embedded SmolLM2 pair: the claims' comparisons, sampling / speculative / mtad
 and the lossless rivals block verification and n-gram speculative decoding (VERIFIERS.md) on two tasks with
-30 prompts each, about 75 minutes on 2 cores), ``cpu_feature``, ``cpu_bf16``, ``cpu_bf16_feature``
+30 prompts each: 22 minutes for the ten runs with the bf16 pair on one core of the 2-core box, about an hour in
+fp32), ``cpu_feature``, ``cpu_bf16``, ``cpu_bf16_feature``
 (the same ``cpu_table`` cells on the pair with the feature draft, in bfloat16, or both: the preset's
 ``experiment/pair@pair`` choice, :data:`PROFILES`), ``cpu_full`` (every decoder on four tasks, 30
 prompts: about four hours), ``paper`` (the paper's pairs; GPUs). ``--experiment tau|gamma|beam_width|
@@ -289,7 +292,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mtad.harness.sweep", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", choices=sorted(PROFILES), default="cpu",
-                   help="quick: tiny pair, minutes; cpu: embedded SmolLM2 pair, ~75 min on 2 cores; cpu_feature: the "
+                   help="quick: tiny pair, minutes; cpu: embedded SmolLM2 pair, ~1 h on 2 cores; cpu_feature: the "
                         "same with the feature draft; cpu_bf16: the same in bfloat16; cpu_bf16_feature: bf16 with "
                         "the feature draft; cpu_full: ~4 h; paper: GPUs")
     p.add_argument("--experiment", default=None,
