@@ -37,7 +37,7 @@ FEATURE_RUN3 = ["head.safetensors:09016dde359a3550", "model.safetensors:73e87e72
 DRAFT = {"cpu_table-2026-12-03": TOKEN_STEP231, "cpu_table_bf16-2026-12-03": TOKEN_STEP231,
          "cpu_table_feature-2026-12-03": FEATURE_RUN1, "cpu_table_bf16_feature-run2-2026-12-04": FEATURE_RUN2,
          "cpu_table_bf16_feature-2026-12-04": FEATURE_RUN3, "cpu_table_feature-2026-12-04": FEATURE_RUN3,
-         "cpu_qa-2026-12-05": FEATURE_RUN3}
+         "cpu_qa-2026-12-05": FEATURE_RUN3, "cpu_table_bf16_feature-2026-12-05": FEATURE_RUN3}
 QA = {"cpu_qa-2026-12-05"}  # PROFILE=cpu_qa: its own grid (test_published_qa_rows_hash_into_the_qa_grid)
 # git 0cf75fe renamed the bf16 pair smollm2-bf16 -> smollm2_bf16 in these rows after they were measured;
 # their hashes keep the name they ran under.
@@ -69,7 +69,9 @@ def run_hash(job: list[str], draft: list[str], data: dict, resolve_source: bool 
     fingerprint, source = data[key]
     # the runner hashes task.source as the route it took (task.source=auto -> local here)
     task = {**cfg["task"], "source": source if resolve_source else cfg["task"]["source"]}
-    return config_hash({**cfg, "task": task, "weights": {"draft": draft}, "data": fingerprint})
+    # a draft-free proposer runs without the pair's draft: no draft weights in its hash
+    weights = {} if cfg["decoder"].get("proposer") == "ngram" else {"draft": draft}
+    return config_hash({**cfg, "task": task, "weights": weights, "data": fingerprint})
 
 
 def profile_grid(stem: str) -> list[list[str]]:
@@ -88,12 +90,14 @@ def test_published_rows_hash_into_their_profiles_grid(path: Path):
     published = {r["config_hash"] for r in load_results(path)}
     jobs, data = profile_grid(path.stem), {}
     hashes = {run_hash(job, DRAFT[path.stem], data) for job in jobs}
-    # the grid gained block and n-gram cells after these rows were measured: theirs are new hashes, and the
-    # six measured ones are still among the grid's (so a rerun skips them)
-    assert len(published) == 6 and len(hashes) == len(jobs) == 10
-    assert published <= hashes
-    new = {run_hash(j, DRAFT[path.stem], data) for j in jobs if {"decoder=block", "decoder=speculative_ngram"} & set(j)}
-    assert len(new) == 4 and not new & published
+    # the grid gained block and n-gram cells (2026-12-05), then MTAD with the n-gram proposer: tables measured
+    # before hold six rows, the 2026-12-05 one ten; every measured row is still among the grid's (a rerun skips
+    # it) and the cells added after a table are new hashes
+    assert len(hashes) == len(jobs) == 12 and published <= hashes
+    zoo = {run_hash(j, DRAFT[path.stem], data) for j in jobs if {"decoder=block", "decoder=speculative_ngram"} & set(j)}
+    later = {run_hash(j, DRAFT[path.stem], data) for j in jobs if "decoder=mtad_ngram" in j}
+    assert len(zoo) == 4 and len(later) == 2 and not later & published
+    assert (len(published), zoo <= published) in ((6, False), (10, True)) and (zoo <= published or not zoo & published)
     # negative controls: one setting changed, and that run is not done; task.source=auto hashed as written
     # (not as the route it took) would make every published row look undone
     assert run_hash([*jobs[0], "task.n_prompts=29"], DRAFT[path.stem], data) not in published

@@ -80,9 +80,9 @@ def test_grids_expand_like_hydra_with_baselines_and_overrides():
     assert len(tau) == 10 and tau[0][0] == "experiment=tau"
     assert sum("decoder=mtad" in j for j in tau) == 9 and ["experiment=tau", "decoder=speculative"] in tau
     assert len(reproduce.grid("quick")) == 21 and len(reproduce.grid("gamma")) == 16
-    assert len(reproduce.grid("cpu_table")) == 10 and len(reproduce.grid("cpu_full")) == 28
-    cpu = reproduce.grid("cpu_table")  # the verifier zoo's lossless rivals beside speculative and mtad
-    assert sum("decoder=block" in j for j in cpu) == 2 and sum("decoder=speculative_ngram" in j for j in cpu) == 2
+    assert len(reproduce.grid("cpu_table")) == 12 and len(reproduce.grid("cpu_full")) == 28
+    cpu = reproduce.grid("cpu_table")  # the verifier zoo's lossless rivals and draft-free proposers beside them
+    assert all(sum(f"decoder={d}" in j for j in cpu) == 2 for d in ("block", "speculative_ngram", "mtad_ngram"))
     # the controls: sampling at 4 temperatures and 2 more top-p, mtad and threshold speculative at 5 tau, baseline
     temperature = reproduce.grid("temperature")
     assert len(temperature) == 17 and len(reproduce.grid("quick_controls")) == 12
