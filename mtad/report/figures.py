@@ -21,6 +21,28 @@ from mtad.report.frame import VARIANT_KEYS
 
 DECODER_COLORS = {"greedy": "black", "sampling": "tab:blue", "speculative": "tab:grey", "specinfer": "tab:olive",
                   "mtjd": "tab:brown", "mtad": "tab:red", "mmtad": "tab:purple"}
+# colours for the further variants of one decoder (block verification, an n-gram proposer, ...)
+SPARE_COLORS = ("tab:cyan", "tab:orange", "tab:green", "tab:pink", "gold", "lightsalmon", "navy", "darkseagreen",
+                "sienna", "slateblue")
+# the settings a variant label may carry that are the decoder's plain form (its colour goes to that variant)
+PLAIN_SETTINGS = ("accept=lossless", "proposer=draft")
+
+
+def member_colors(members: Iterable[str]) -> dict[str, str]:
+    """A colour per variant label (``speculative (accept=block, proposer=draft)``), no two alike: the plainest
+    variant of each decoder (fewest settings off its plain form) gets the decoder's colour, the others spare ones."""
+    def plainness(m: str) -> tuple:
+        inside = m.split("(", 1)[1].rstrip(")") if "(" in m else ""
+        return (sum(1 for s in inside.split(", ") if s and s not in PLAIN_SETTINGS), m)
+
+    out, used = {}, set()
+    spare = [c for c in SPARE_COLORS if c not in DECODER_COLORS.values()]
+    for m in sorted(set(members), key=plainness):
+        base = DECODER_COLORS.get(m.split(" ")[0])
+        out[m] = base if base and base not in used else next(
+            (c for c in spare if c not in used), f"C{len(used) % 10}")
+        used.add(out[m])
+    return out
 
 
 def repo_path(path: str | Path) -> Path:
@@ -90,12 +112,14 @@ def why_empty(values: Sequence[Any]) -> str | None:
 def grouped_bars(ax, rows, value: str, interval: str | None, group: str = "task",
                  member: str = "variant", order: Sequence[str] = ()) -> bool:
     """Bars of ``rows[value]``: one group per ``group`` value, one bar per ``member`` inside it, coloured
-    by decoder, with 95 % bootstrap error bars of ``stats.run_interval(records, interval)`` where the run's
-    per-prompt records exist. Returns whether any bar has an error bar."""
+    by decoder and variant (:func:`member_colors`), with 95 % bootstrap error bars of
+    ``stats.run_interval(records, interval)`` where the run's per-prompt records exist. Returns whether any bar
+    has an error bar."""
     groups = sorted({str(g) for g in rows[group]})
     members = sorted({str(m) for m in rows[member]},
                      key=lambda m: (order.index(m.split(" ")[0]) if m.split(" ")[0] in order else 99, m))
     width = 0.8 / max(1, len(members))
+    colors = member_colors(members)
     any_err = False
     for j, m in enumerate(members):
         xs, ys, errs = [], [], []
@@ -110,7 +134,7 @@ def grouped_bars(ax, rows, value: str, interval: str | None, group: str = "task"
             errs.append(errbar(iv, float(r[value])))
             any_err = any_err or (iv is not None and iv.has_interval)
         if xs:
-            ax.bar(xs, ys, width=width * 0.92, label=m, color=DECODER_COLORS.get(m.split(" ")[0]),
+            ax.bar(xs, ys, width=width * 0.92, label=m, color=colors[m],
                    yerr=list(zip(*errs)), capsize=3, error_kw={"elinewidth": 1})
     ax.set_xticks(range(len(groups)), groups)
     return any_err

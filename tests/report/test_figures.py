@@ -53,6 +53,26 @@ def test_legend_covers_no_data():
     plt.close(fig)
 
 
+def test_variants_of_one_decoder_get_colours_of_their_own():
+    """Block verification and the n-gram proposer are variants of ``speculative``: each bar and legend entry gets
+    its own colour, the plain (lossless, drafted) variant keeps the decoder's; control: the old rule (colour by the
+    label's first word) gives the three speculative bars one colour."""
+    variants = ["sampling", "speculative (accept=block, proposer=draft)",
+                "speculative (accept=lossless, proposer=draft)", "speculative (accept=lossless, proposer=ngram)",
+                "mtad (proposer=draft)", "mtad (proposer=ngram)"]
+    rows = pd.DataFrame([{**ROWS.iloc[0].to_dict(), "variant": v, "decoder": v.split(" ")[0]} for v in variants])
+    fig, ax = plt.subplots()
+    figures.grouped_bars(ax, rows, "ms_per_token", None)
+    colours = {c.get_label(): c.patches[0].get_facecolor() for c in ax.containers if hasattr(c, "patches")}
+    plt.close(fig)
+    assert len(colours) == 6 and len(set(colours.values())) == 6
+    chosen = figures.member_colors(variants)
+    assert chosen["speculative (accept=lossless, proposer=draft)"] == figures.DECODER_COLORS["speculative"]
+    assert chosen["mtad (proposer=draft)"] == figures.DECODER_COLORS["mtad"]
+    old = {v: figures.DECODER_COLORS.get(v.split(" ")[0]) for v in variants}
+    assert len({old[v] for v in variants if v.startswith("speculative")}) == 1
+
+
 def test_ms_per_token_bars_carry_bootstrap_error_bars():
     iv = stats.run_interval(ROWS.records[0], "ms_per_token")
     total_t = sum(r["time_s"] for r in ROWS.records[0].values())
