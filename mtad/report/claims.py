@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mtad.report import stats
-from mtad.report.frame import PAPER_DEFAULTS, baseline_of, cell_change, int_or_none, num
+from mtad.report.frame import PAPER_DEFAULTS, baseline_of, cell_change, int_or_none, num, where_mask
 
 DASH = "—"  # the mark of a figure we do not have
 
@@ -30,6 +30,8 @@ class Claim:
     pairs: tuple[str, ...] = ()  # the pairs the paper measured it on (our model.name); () = any
     method: str = "mtad"
     versus_where: tuple[tuple[str, Any], ...] = ()  # the baseline's variant, e.g. (("decoder.accept", "block"),)
+    # the method's variant: the paper's MTAD drafts with a model (a draft-free n-gram proposer is another method)
+    method_where: tuple[tuple[str, Any], ...] = (("decoder.proposer", "draft"),)
 
 
 V24 = "arXiv 2407.09722 v2–v4"
@@ -77,7 +79,7 @@ def by_task(df, c: Claim) -> list[dict]:
 
 
 def _judge(c: Claim, prim) -> dict:
-    cells, on_paper = _cells(prim, c.method, c.versus, c.pairs, c.versus_where)
+    cells, on_paper = _cells(prim, c.method, c.versus, c.pairs, c.versus_where, c.method_where)
     ivs = [(m, b, *_cell_interval(c.kind, m, b)) for m, b in cells]
     ivs = [(m, b, iv, has) for m, b, iv, has in ivs if iv.point is not None]
     agg = stats.aggregate(c.kind, [iv for _, _, iv, _ in ivs])
@@ -137,14 +139,14 @@ def _primary(df):
     return df[keep]
 
 
-def _cells(prim, method: str, versus: str, pairs: Sequence[str],
-           where: tuple[tuple[str, Any], ...] = ()) -> tuple[list[tuple[Any, Any]], bool]:
-    """(method row, baseline row) per comparable cell of the ``_primary`` frame (the baseline's variant picked
-    by ``where``); the bool says whether the paper's pairs were found."""
+def _cells(prim, method: str, versus: str, pairs: Sequence[str], where: tuple[tuple[str, Any], ...] = (),
+           method_where: tuple[tuple[str, Any], ...] = ()) -> tuple[list[tuple[Any, Any]], bool]:
+    """(method row, baseline row) per comparable cell of the ``_primary`` frame (the method's variant picked by
+    ``method_where``, the baseline's by ``where``); the bool says whether the paper's pairs were found."""
     on_paper = bool(pairs) and prim["pair"].isin(pairs).any()
     rows = prim[prim["pair"].isin(pairs)] if on_paper else prim
     cells = []
-    for _, row in rows[rows["decoder"] == method].iterrows():
+    for _, row in rows[(rows["decoder"] == method) & where_mask(rows, dict(method_where))].iterrows():
         base = baseline_of(prim, row, versus, dict(where) if where else None)
         if base is not None:
             cells.append((row, base))

@@ -21,26 +21,35 @@ from mtad.report.frame import VARIANT_KEYS
 
 DECODER_COLORS = {"greedy": "black", "sampling": "tab:blue", "speculative": "tab:grey", "specinfer": "tab:olive",
                   "mtjd": "tab:brown", "mtad": "tab:red", "mmtad": "tab:purple"}
-# colours for the further variants of one decoder (block verification, an n-gram proposer, ...)
-SPARE_COLORS = ("tab:cyan", "tab:orange", "tab:green", "tab:pink", "gold", "lightsalmon", "navy", "darkseagreen",
-                "sienna", "slateblue")
-# the settings a variant label may carry that are the decoder's plain form (its colour goes to that variant)
+# the settings a variant label may carry that are the decoder's plain form
 PLAIN_SETTINGS = ("accept=lossless", "proposer=draft")
+# the colours of the verifier zoo, by a setting the variant label carries (the same in every figure and in the
+# notebooks' quality plots): block verification, a fixed threshold, an n-gram proposer (MTAD's lighter red)
+SETTING_COLORS = (("accept=block", "tab:cyan"), ("accept=threshold", "tab:green"), ("accept=typical", "tab:pink"),
+                  ("accept=fuzzy", "gold"))
+NGRAM_COLORS = {"mtad": "lightsalmon", "speculative": "tab:orange"}
+# colours for any other variants of one decoder (an ablation's settings)
+SPARE_COLORS = ("navy", "darkseagreen", "sienna", "slateblue", "teal", "orchid", "darkkhaki", "steelblue")
 
 
 def member_colors(members: Iterable[str]) -> dict[str, str]:
-    """A colour per variant label (``speculative (accept=block, proposer=draft)``), no two alike: the plainest
-    variant of each decoder (fewest settings off its plain form) gets the decoder's colour, the others spare ones."""
+    """A colour per variant label (``speculative (accept=block, proposer=draft)``), no two alike: a variant of
+    the verifier zoo gets its setting's colour (:data:`SETTING_COLORS`, :data:`NGRAM_COLORS`), the plainest
+    other variant of each decoder the decoder's colour, the rest spare ones."""
     def plainness(m: str) -> tuple:
         inside = m.split("(", 1)[1].rstrip(")") if "(" in m else ""
         return (sum(1 for s in inside.split(", ") if s and s not in PLAIN_SETTINGS), m)
 
+    def preferred(m: str) -> list:
+        decoder = m.split(" ")[0]
+        zoo = [c for key, c in SETTING_COLORS if key in m]
+        if "proposer=ngram" in m:
+            zoo.append(NGRAM_COLORS.get(decoder, "tab:orange"))
+        return [*zoo, DECODER_COLORS.get(decoder), *SPARE_COLORS]
+
     out, used = {}, set()
-    spare = [c for c in SPARE_COLORS if c not in DECODER_COLORS.values()]
     for m in sorted(set(members), key=plainness):
-        base = DECODER_COLORS.get(m.split(" ")[0])
-        out[m] = base if base and base not in used else next(
-            (c for c in spare if c not in used), f"C{len(used) % 10}")
+        out[m] = next((c for c in preferred(m) if c and c not in used), f"C{len(used) % 10}")
         used.add(out[m])
     return out
 

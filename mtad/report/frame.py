@@ -243,20 +243,28 @@ def _weighted_mean(g, name: str, weight: str) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------- baselines
+def where_mask(df, where: dict):
+    """The rows whose settings equal ``where`` ({column: value}); a row that lacks a key of
+    :data:`LATE_DEFAULTS` (written before it existed) counts as having its default."""
+    import pandas as pd  # heavy optional dependency: only the tables need it
+
+    mask = pd.Series(True, index=df.index)
+    for k, v in where.items():
+        if k not in df.columns:
+            mask &= LATE_DEFAULTS.get(k) == v
+        else:
+            mask &= df[k].map(lambda x, k=k: LATE_DEFAULTS.get(k) if hashable(x) is None else x) == v
+    return mask
+
+
 def baseline_of(df, row, decoder: str = BASELINE, where: dict | None = None):
     """The row of ``decoder`` measured under the same JOIN_KEYS as ``row`` (same gamma preferred, then the
     latest); None when there is none. ``where`` ({column: value}) picks a variant, e.g.
     ``{"decoder.accept": "block"}``; by default a ``speculative`` baseline is the lossless token-wise rule
     with a draft model (not block verification, not the n-gram proposer)."""
-    mask = df["decoder"] == decoder
     if where is None and decoder == BASELINE:
         where = {"decoder.accept": "lossless", "decoder.proposer": "draft"}
-    for k, v in (where or {}).items():
-        have = df[k] if k in df.columns else None
-        if have is None:
-            mask &= LATE_DEFAULTS.get(k) == v
-        else:
-            mask &= have.map(lambda x, k=k: LATE_DEFAULTS.get(k) if hashable(x) is None else x) == v
+    mask = (df["decoder"] == decoder) & where_mask(df, where or {})
     for k in join_columns(df):  # null-safe equality: a missing value matches a missing value
         if k == "model.draft" and _draft_free(row):
             continue  # a draft-free proposer ran on the pair with its draft left out: any draft's baseline

@@ -69,6 +69,10 @@ def test_variants_of_one_decoder_get_colours_of_their_own():
     chosen = figures.member_colors(variants)
     assert chosen["speculative (accept=lossless, proposer=draft)"] == figures.DECODER_COLORS["speculative"]
     assert chosen["mtad (proposer=draft)"] == figures.DECODER_COLORS["mtad"]
+    # block verification has one colour in every figure, whatever else the table holds
+    assert chosen["speculative (accept=block, proposer=draft)"] == "tab:cyan"
+    alone = "speculative (accept=block, gamma=6)"
+    assert figures.member_colors([alone])[alone] == "tab:cyan"
     old = {v: figures.DECODER_COLORS.get(v.split(" ")[0]) for v in variants}
     assert len({old[v] for v in variants if v.startswith("speculative")}) == 1
 

@@ -279,6 +279,36 @@ def test_claims_without_a_block_row_have_no_figure(tmp_path):
     assert by["1.42× speed-up vs speculative decoding"]["ours"] == pytest.approx(2.0)
 
 
+def test_claims_measure_mtad_with_a_draft_not_its_ngram_variant(tmp_path):
+    """A grid with MTAD on n-gram drafts (decoder=mtad_ngram, much faster here) beside MTAD with its draft
+    model: the paper's claims pool the drafted MTAD cells only; control: the same claim with no method variant
+    picked pools both and its figure moves."""
+    import dataclasses
+
+    import pandas as pd
+
+    from mtad.report.claims import CLAIMS
+
+    rows = _with_rivals(tmp_path)
+    mtad = next(r for r in rows if r["decoder"]["name"] == "mtad")
+    r = json.loads(json.dumps(mtad))
+    r["decoder"]["proposer"] = "ngram"
+    r["model"]["draft"] = None
+    run = tmp_path / "runs" / "mtad_ngram"
+    run.mkdir(parents=True)
+    (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in _samples(24, slow=0.1, lp=-1.4)))
+    r["run_dir"] = str(run)
+    r["run_id"] = f"{r['run_id']}-mtad-ngram"
+    rows.append(r)
+    df = prepare(pd.DataFrame([flatten_dict(x) for x in rows]), search=[tmp_path], profiles=[])
+    assert {"mtad (proposer=draft)", "mtad (proposer=ngram)"} <= set(df.variant)
+    claim = next(c for c in CLAIMS if c.text == "1.42× speed-up vs speculative decoding")
+    (drafted,) = claims(df, [claim])
+    assert drafted["ours"] == pytest.approx(2.0) and drafted["n_cells"] == 1 and drafted["n"] == 24
+    (both,) = claims(df, [dataclasses.replace(claim, method_where=())])
+    assert both["n_cells"] == 2 and both["ours"] > 2.5
+
+
 def test_downstream_claim_pools_prompts_when_a_cells_change_is_undefined(tmp_path):
     """One task where sampling scores 0 (its relative change is undefined): the pooled claim is the change of
     the summed scores over every cell's prompts, said so; with every cell defined it stays the cells' mean."""
