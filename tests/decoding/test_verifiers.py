@@ -422,6 +422,7 @@ def _published_hash_inputs(*extra: str):
     the way the runner hashes it (composed config + weight and data fingerprints), and that row's hash."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
+    from published_drafts import DRAFT
 
     from mtad.harness.config import register_configs
     from mtad.harness.runner import weights_fingerprint
@@ -442,10 +443,9 @@ def _published_hash_inputs(*extra: str):
     except (FileNotFoundError, ValueError) as err:
         pytest.skip(f"mt_bench data not available ({err}); set MTAD_DATA_DIR")
     resolved["task"]["source"] = task.resolved_source()  # the runner hashes the route task.source=auto took
-    # the row was measured with the feature draft's run 3 export; the committed draft has moved on since, so its
-    # weight files are pinned to that export's (as tests/harness/test_config_hashes.py does)
+    # the committed draft has moved on since the row was measured: its weight files are pinned to that run's
     assert set(weights_fingerprint(ModelConfig(**resolved["model"]))) == {"draft"}
-    weights = {"draft": ["head.safetensors:09016dde359a3550", "model.safetensors:73e87e72ff4a11cc"]}
+    weights = {"draft": DRAFT["cpu_table_feature-2026-12-04"]}
     return {**resolved, "weights": weights, "data": data}, row
 
 

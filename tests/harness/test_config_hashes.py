@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from published_drafts import DRAFT
 
 from mtad._util.paths import REPO_ROOT, default_data_dir
 from mtad.harness import sweep
@@ -28,18 +29,7 @@ PUBLISHED = sorted((REPO_ROOT / "results" / "published").glob("*.jsonl"))
 PROFILE_OF = {"cpu_table": "cpu", "cpu_table_feature": "cpu_feature", "cpu_table_bf16": "cpu_bf16",
               "cpu_table_bf16_feature": "cpu_bf16_feature", "cpu_qa": "cpu_qa"}
 
-# The draft each table was measured with, as runner.weights_fingerprint records it (file name + sha256[:16];
-# for a draft replaced since: `git show <commit>:models/<dir>/<file> | sha256sum`).
-TOKEN_STEP231 = ["head.safetensors:008dc9ee7a64ffa1", "model.safetensors:27e1064226ac9b72"]  # git 2d2cdd4
-FEATURE_RUN1 = ["head.safetensors:2d67500dcc3686e8", "model.safetensors:daf26ba3653dd2fc"]  # git f59ce6a
-FEATURE_RUN2 = ["head.safetensors:3121bc266fd46e0d", "model.safetensors:3cde898f6970aaf9"]  # git 4ccb915
-FEATURE_RUN3 = ["head.safetensors:09016dde359a3550", "model.safetensors:73e87e72ff4a11cc"]  # git a69d499
-FEATURE_RUN5 = ["head.safetensors:9a24f807d4e804f8", "model.safetensors:2f27c7f2bd8d1526"]  # git 893d0d7
-DRAFT = {"cpu_table-2026-12-03": TOKEN_STEP231, "cpu_table_bf16-2026-12-03": TOKEN_STEP231,
-         "cpu_table_feature-2026-12-03": FEATURE_RUN1, "cpu_table_bf16_feature-run2-2026-12-04": FEATURE_RUN2,
-         "cpu_table_bf16_feature-2026-12-04": FEATURE_RUN3, "cpu_table_feature-2026-12-04": FEATURE_RUN3,
-         "cpu_qa-2026-12-05": FEATURE_RUN3, "cpu_table_bf16_feature-2026-12-05": FEATURE_RUN3,
-         "cpu_table_bf16_feature-2026-12-06": FEATURE_RUN5}
+# the draft each table was measured with: tests/published_drafts.py
 QA = {"cpu_qa-2026-12-05"}  # PROFILE=cpu_qa: its own grid (test_published_qa_rows_hash_into_the_qa_grid)
 # git 0cf75fe renamed the bf16 pair smollm2-bf16 -> smollm2_bf16 in these rows after they were measured;
 # their hashes keep the name they ran under.
