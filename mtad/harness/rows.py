@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 import platform
 import subprocess
 import uuid
@@ -62,6 +63,9 @@ class ResultRow:
     run_dir: Optional[str] = None
     non_finite: dict = field(default_factory=dict)  # dotted key -> "nan"/"inf"/"-inf", written as null
     schema_version: int = SCHEMA_VERSION
+    # how the timings were taken (timing_info): interleaved with other configs or not, and the machine's load
+    # average at the start and end of the run; None in rows written before it was recorded
+    timing: Optional[dict] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -180,8 +184,13 @@ def config_hash(cfg: Any, exclude: Iterable[str] = VOLATILE_KEYS) -> str:
 
 
 # ------------------------------------------------------------------------------------------ environment
+# What runs write into the tree: changes there do not make the code that measured a row differ from its commit.
+OUTPUT_PATHS = ("results", "outputs", "multirun")
+
+
 def git_info(repo_root: str | Path) -> tuple[Optional[str], Optional[bool]]:
-    """(HEAD sha, working tree dirty) of the repository whose top level is ``repo_root``;
+    """(HEAD sha, working tree dirty) of the repository whose top level is ``repo_root``; "dirty" means a
+    change to a tracked file, or an untracked file, outside ``OUTPUT_PATHS`` (results, run outputs);
     (None, None) when it is not a git work tree (an installed package) or git is missing."""
     root = Path(repo_root).resolve()
 
@@ -197,8 +206,24 @@ def git_info(repo_root: str | Path) -> tuple[Optional[str], Optional[bool]]:
     if top is None or Path(top.strip()).resolve() != root:
         return None, None
     sha = git("rev-parse", "HEAD")  # None in a repository with no commit yet
-    status = git("status", "--porcelain")
+    status = git("status", "--porcelain", "--", ".", *(f":(exclude){p}" for p in OUTPUT_PATHS))
     return (sha.strip() if sha else None), (bool(status.strip()) if status is not None else None)
+
+
+def machine_load() -> Optional[list[float]]:
+    """The 1-, 5- and 15-minute load averages (``os.getloadavg``), rounded; None where the OS has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def timing_info(load_start: Optional[list[float]], interleaved: bool) -> dict:
+    """A row's ``timing``: whether the run was decoded interleaved with other configs (so its speed ratios
+    against them are paired), the load average at its start and end, and the logical CPU count, so that a
+    table can say how loaded the machine was while it was timed."""
+    return {"interleaved": bool(interleaved), "load_start": load_start, "load_end": machine_load(),
+            "cpus": os.cpu_count()}
 
 
 def _version(dist: str) -> Optional[str]:

@@ -15,6 +15,7 @@ loaded pair prompt by prompt (the main job, :mod:`mtad.harness.compare`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import sys
@@ -29,7 +30,7 @@ from mtad.decoding import DecoderConfig, PromptTooLong, generate
 from mtad.decoding.core import check, check_rows
 from mtad.harness.config import check_run, experiment_name
 from mtad.harness.progress import PromptBar
-from mtad.harness.rows import ResultRow, config_hash, to_json_line
+from mtad.harness.rows import ResultRow, config_hash, machine_load, timing_info, to_json_line
 from mtad.harness.rundir import check_results_file, check_writable
 from mtad.harness.store import append_row, existing_hashes, load_results, write_jsonl_atomic
 from mtad.harness.tracking import TrackingConfig, make_tracker
@@ -75,6 +76,7 @@ def run_interleaved(cfgs: list[DictConfig | dict], on_prompt=None) -> list[dict 
     pair = load_pair(drafted.mcfg)
     for j in live:
         j.start(pair.without_draft() if j.dec.proposer == "ngram" else pair)
+        j.interleaved = len(live) > 1
     if len({j.tcfg.batch_size for j in live}) > 1:
         raise ValueError("run_interleaved needs one task.batch_size for every config")
     groups = [j.groups() for j in live]
@@ -94,6 +96,7 @@ def _target_only(mcfg: ModelConfig) -> ModelConfig:
 
 
 class Job:
+    interleaved = False  # decoded prompt by prompt with other configs (run_interleaved): timings are paired
     """One config's run between :meth:`prepare` (checks, data, resume) and :meth:`finish` (row, samples)."""
 
     def __init__(self, resolved: dict, dec: DecoderConfig, mcfg: ModelConfig, tcfg: TaskConfig, task, samples,
@@ -161,6 +164,7 @@ class Job:
         self.tracker = make_tracker(self.track, self.run_dir)
         self.tracker.start(self.resolved, name=f"{self.dec.name}-{self.tcfg.name}-{self.mcfg.name}")
         self.rng = torch.Generator(device=pair.device).manual_seed(int(self.resolved.get("seed", 0)))
+        self.load_start = machine_load()
         _warmup(pair, self.task, self.samples[: int(self.resolved.get("warmup", 0))], self.dec, self.mcfg, self.rng)
         self.meter = EnergyMeter(_gpu_indices(pair))
         self.bar = PromptBar(len(self.samples), f"{self.dec.name} {self.tcfg.name}",
@@ -205,6 +209,7 @@ class Job:
         resolved, run_dir, results_file = self.resolved, self.run_dir, self.results_file
         row = _finish(resolved, self.dec, self.mcfg, self.tcfg, self.task, self.pair, self.rows, self.decodes,
                       self.logps, self.scores, self.readings, self.skips, run_dir, self.batch_s)
+        row = dataclasses.replace(row, timing=timing_info(self.load_start, self.interleaved))
         samples_error = _save_samples(run_dir, self.rows) if resolved.get("save_samples", True) else None
         if not save_row(results_file, row, run_dir, unless_done=not resolved.get("force")):
             self.tracker.finish(row.to_dict(), result_file=None)

@@ -1,7 +1,7 @@
 """Short-answer factual QA: country capitals, chemical-element symbols and NQ-open (docs/TASKS.md).
 
-An answer is cut to its first sentence (``postprocess``) and scored against the sample's reference
-strings after ``normalize``, twice:
+An answer is cut to its first answering sentence (``postprocess``: a leading preamble such as "Sure!" or
+"Of course," is skipped) and scored against the sample's reference strings after ``normalize``, twice:
 
 - ``contains``: a reference appears in the first sentence on word boundaries ("Parisian" is not "Paris");
 - ``exact``: the first phrase (the first sentence up to a comma, semicolon, colon, dash or bracket)
@@ -27,6 +27,17 @@ ABBREVIATIONS = frozenset({"st", "mt", "ft", "dr", "mr", "mrs", "ms", "jr", "sr"
 SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
 PHRASE_END = re.compile(r"[,;:](?=\s|$)|\s[-\u2013\u2014]\s|\s*\(")
 LABEL = re.compile(r"^(?:(?:final\s+)?answer\s*:\s*|a\s*:\s*)+", re.IGNORECASE)
+# Words a chat model puts before its answer. A sentence made of one of these alone ("Sure!", "Certainly.",
+# "Here is the answer:") is a preamble and skipped; one of the short interjections followed by a comma
+# ("Of course, Paris.") is cut from the front of the sentence.
+INTERJECTION = r"(?:sure(?: thing)?|certainly|of course|okay|ok|yes|absolutely|alright|all right|well|great|gladly)"
+PREAMBLE = re.compile(
+    rf"{INTERJECTION}|(?:that's a |what a )?(?:great|good) question|no problem|here you go|happy to help"
+    r"|i(?:'d| would) be (?:happy|glad) to help(?: with that)?|i can help with that"
+    r"|here(?:'s| is) (?:the|my|your) answer", re.IGNORECASE)
+LEADING_INTERJECTION = re.compile(rf"^(?:{INTERJECTION}\s*,|here(?:'s| is) (?:the|my|your) answer\s*:)\s*",
+                                  re.IGNORECASE)
+MAX_PREAMBLES = 3  # sentences skipped at most; an answer made only of preamble keeps its first sentence
 
 
 def normalize(text: str, keep_case: bool = False) -> str:
@@ -54,6 +65,20 @@ def first_sentence(text: str) -> str:
             continue
         return text[: end.end()].strip()
     return text
+
+
+def answer_sentence(text: str) -> str:
+    """The first sentence of ``text`` that answers: leading preamble sentences (``PREAMBLE``: "Sure!",
+    "Certainly.", "Here is the answer:") are skipped, up to ``MAX_PREAMBLES``, and a leading interjection
+    with a comma ("Of course, Paris.") or a "Here is the answer:" lead-in is cut. Text that is nothing but preamble keeps its first sentence."""
+    text = text.strip()
+    for _ in range(MAX_PREAMBLES):
+        sentence = first_sentence(text)
+        rest = text[len(sentence):].strip()
+        if not rest or not PREAMBLE.fullmatch(sentence.rstrip(".!?:; ").strip()):
+            break
+        text = rest
+    return LEADING_INTERJECTION.sub("", first_sentence(text)) or first_sentence(text)
 
 
 def first_phrase(sentence: str) -> str:
@@ -89,8 +114,9 @@ class ShortAnswerTask(Task):
         return f"{text} {self.instruction}"
 
     def postprocess(self, sample: Sample, completion: str) -> str:
-        """The first sentence, after ``task.stop`` cuts and a leading "Answer:" label."""
-        return first_sentence(LABEL.sub("", cut_at(completion.strip(), self.cfg.stop).strip()))
+        """The first answering sentence (:func:`answer_sentence`), after ``task.stop`` cuts and a leading
+        "Answer:" label."""
+        return answer_sentence(LABEL.sub("", cut_at(completion.strip(), self.cfg.stop).strip()))
 
     def mask(self, sample: Sample, text: str) -> str:
         """The normalised sentence as ``contains`` reads it (capitals hide the question's country)."""

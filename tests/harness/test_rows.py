@@ -29,7 +29,7 @@ CFG = {
 PUBLISHED = sorted((REPO_ROOT / "results" / "published").glob("*.jsonl"))
 FIELDS = ("run_id", "config_hash", "experiment", "timestamp", "git_sha", "git_dirty", "versions", "device_name",
           "num_threads", "seed", "decoder", "model", "task", "metrics", "n_prompts", "n_skipped", "skip_reasons",
-          "run_dir", "non_finite", "schema_version")
+          "run_dir", "non_finite", "schema_version", "timing")
 
 
 # ------------------------------------------------------------------------------------------------ hash
@@ -139,3 +139,17 @@ def test_git_info(tmp_path):
     assert git_info(tmp_path) == (sha, True)
     (tmp_path / "sub").mkdir()
     assert git_info(tmp_path / "sub") == (None, None)  # only the repository's own top level counts
+    git("checkout", "-q", "f")
+    (tmp_path / "results" / "runs").mkdir(parents=True)
+    (tmp_path / "results" / "runs" / "samples.jsonl").write_text("{}")  # what a run writes: not dirty
+    assert git_info(tmp_path) == (sha, False)
+    (tmp_path / "new.py").write_text("x = 1")  # untracked code outside the output folders: dirty (control)
+    assert git_info(tmp_path) == (sha, True)
+
+
+def test_rows_record_load_and_interleaving():
+    from mtad.harness.rows import timing_info
+
+    t = timing_info([0.5, 0.4, 0.3], True)
+    assert t["interleaved"] is True and t["load_start"] == [0.5, 0.4, 0.3] and t["cpus"] >= 1
+    assert len(t["load_end"]) == 3 and timing_info(None, False)["interleaved"] is False

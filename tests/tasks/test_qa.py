@@ -12,7 +12,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from mtad._util.paths import default_data_dir
 from mtad.tasks import TaskConfig, get_task
-from mtad.tasks.qa import first_phrase, first_sentence, has_words, normalize
+from mtad.tasks.qa import answer_sentence, first_phrase, first_sentence, has_words, normalize
 
 DATA = default_data_dir()
 needs_data = pytest.mark.skipif(not all((DATA / d).is_dir() for d in ("capitals", "elements", "nq_open")),
@@ -122,9 +122,39 @@ def test_capitals_restating_the_question_does_not_count(capitals):
     assert score(t, mco, "Monaco - capital city.") == (1, 1)  # exact, though the restatement is masked
 
 
+@pytest.mark.parametrize("text,expected", [
+    ("Sure! The capital of Bhutan is Thimphu.", "The capital of Bhutan is Thimphu."),
+    ("Certainly. Thimphu.", "Thimphu."),
+    ("Of course, Thimphu.", "Thimphu."),
+    ("Sure thing! Okay. Thimphu", "Thimphu"),
+    ("I'd be happy to help! Here is the answer: Thimphu.", "Thimphu."),
+    ("Great question! Thimphu.", "Thimphu."),
+    ("Sure!", "Sure!"),  # nothing but preamble: the first sentence stays
+    ("Surely Thimphu.", "Surely Thimphu."),  # not an interjection
+    ("Thimphu. Sure!", "Thimphu."),
+])
+def test_answer_sentence_skips_a_leading_preamble(text, expected):
+    assert answer_sentence(text) == expected
+
+
+def test_preamble_skipping_scores_the_answer_not_a_later_sentence(tmp_path):
+    t, s = by_id("capitals", write_jsonl(tmp_path / "c.jsonl", [
+        {"id": "BTN", "country": "Bhutan", "capital": "Thimphu", "aliases": []}]))
+    btn = s["BTN"]
+    assert score(t, btn, "Sure! The capital of Bhutan is Thimphu.") == (1, 0)
+    assert score(t, btn, "Certainly. Thimphu.") == (1, 1)
+    assert score(t, btn, "Of course, Thimphu.") == (1, 1)
+    # control: the first answering sentence names a wrong city; the right one comes later and does not count
+    assert score(t, btn, "Sure! The capital of Bhutan is Paro. Thimphu is the largest city.") == (0, 0)
+    assert score(t, btn, "Of course, Paro. Or Thimphu.") == (0, 0)
+    # control: the old rule (the first sentence, preamble included) scores the preamble answer 0
+    assert not has_words(normalize(first_sentence("Sure! The capital of Bhutan is Thimphu.")), "thimphu")
+
+
 def test_postprocess_is_the_first_sentence_and_idempotent(capitals):
     t, s = capitals
-    for text in ("Answer: Paris. More text.", "\n The capital is Paris!\nLyon", "St. George's. Next"):
+    for text in ("Answer: Paris. More text.", "\n The capital is Paris!\nLyon", "St. George's. Next",
+                 "Sure! Of course, Paris. Lyon."):
         once = t.postprocess(s["FRA"], text)
         assert t.postprocess(s["FRA"], once) == once
         assert t.score(s["FRA"], once) == t.score(s["FRA"], text)
