@@ -12,6 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from mtad.report import stats
 from mtad.report.frame import PAPER_DEFAULTS, baseline_of, cell_change, int_or_none, num, where_mask
 
@@ -37,11 +39,14 @@ class Claim:
 V24 = "arXiv 2407.09722 v2–v4"
 ICLR = "ICLR 2025 camera-ready"
 V1 = "arXiv 2407.09722 v1 (MJSD)"
-REVIEW = "not in the paper (issue 22)"
+REVIEW = "not in the paper"
 _V24_PAIRS = ("opt13b", "opt30b", "llama2-13b", "llama2-70b")
 _ICLR_PAIRS = ("llama3-8b", "llama3-8b-instruct")
 CLAIMS: tuple[Claim, ...] = (
     Claim(V24, "output perplexity −21.2 % vs single-token sampling", -21.2, "ppl_change", "sampling", _V24_PAIRS),
+    # Not the paper's: lower perplexity can be bought with less diversity (colder sampling does both), so the
+    # perplexity claim is shown beside the change in distinct-2 it came with.
+    Claim(REVIEW, "MTAD vs sampling: distinct-2 change (output diversity)", None, "distinct2_diff", "sampling"),
     Claim(V24, "1.42× speed-up vs speculative decoding", 1.42, "speedup", "speculative", _V24_PAIRS),
     Claim(V24, "1.54× less energy vs speculative decoding", 1.54, "energy_ratio", "speculative", _V24_PAIRS),
     Claim(ICLR, "downstream score +43 % vs single-token sampling", 43.0, "score_change", "sampling", _ICLR_PAIRS),
@@ -60,7 +65,9 @@ CLAIMS: tuple[Claim, ...] = (
           versus_where=(("decoder.accept", "block"), ("decoder.proposer", "draft"))),
 )
 KIND_TEXT = {"ppl_change": "perplexity change", "score_change": "task score change", "speedup": "speed-up",
-             "energy_ratio": "energy ratio (baseline J / method J)", "energy_saving": "energy saved"}
+             "energy_ratio": "energy ratio (baseline J / method J)", "energy_saving": "energy saved",
+             "distinct2_diff": "distinct-2 difference"}
+TIMED_KINDS = ("speedup", "energy_ratio", "energy_saving")  # verdicts that need paired (interleaved) timings
 PERCENT_KINDS = ("ppl_change", "score_change", "energy_saving")
 
 
@@ -99,13 +106,16 @@ def _judge(c: Claim, prim) -> dict:
     missing = sorted({f"{r['variant']} · {r['task']}" for m, b, _, has in ivs if not has for r in (m, b)
                       if r.get("records") is None})
     hardware = sorted({str(x) for m, b, _, _ in ivs for x in (m.get("device_name"), b.get("device_name")) if x})
+    rows = [r for m, b, _, _ in ivs for r in (m, b)]
+    interleaved = bool(rows) and all(was_interleaved(r) for r in rows)
     return {"version": c.version, "claim": c.text, "paper": c.paper, "kind": c.kind,
             "ours": (fallback.point if fallback else agg.point) if ivs else None,
             "interval": agg if ivs else None, "fallback": fallback, "pooled_prompts": pooled,
             "comparison": f"{c.method} vs {_versus_text(c)}: {KIND_TEXT[c.kind]}", "n_cells": len(ivs),
             "n": agg.n if ivs else 0, "missing": missing,
             "pairs": sorted({m["pair"] for m, _, _, _ in ivs}), "tasks": sorted({m["task"] for m, _, _, _ in ivs}),
-            "hardware": hardware, "paper_pairs": on_paper or not c.pairs}
+            "hardware": hardware, "paper_pairs": on_paper or not c.pairs, "interleaved": interleaved,
+            "load": load_text(rows)}
 
 
 def _versus_text(c: Claim) -> str:
@@ -167,8 +177,11 @@ def _cell_interval(kind: str, m, b):
 
 
 def verdict(c: dict) -> str:
-    """"not significant at n = …" where the 95 % interval spans no change; "significant …" where it does
-    not; the reason where there is no interval."""
+    """The verdict of the interval **as printed** (:func:`mtad.report.stats.judge`): "significant at n = …" when
+    both printed ends exclude no change, "borderline at n = …" when a printed end rounds to it, "not significant
+    at n = …" when it spans it; the reason where there is no interval. A speed or energy claim gets a verdict
+    only when every row it compares was decoded interleaved (its ``timing`` says so): timings of runs decoded
+    one after another are not paired."""
     iv = c["fallback"] or c["interval"]
     if c["ours"] is None or iv is None:
         return DASH
@@ -176,10 +189,40 @@ def verdict(c: dict) -> str:
         if c["missing"]:
             return f"point estimate only: no per-prompt records for {len(c['missing'])} row(s)"
         return f"no interval: {iv.note or 'too few prompts'}"
+    if c["kind"] in TIMED_KINDS and not c.get("interleaved"):
+        return (f"no speed verdict at n = {iv.n}: the rows do not record being decoded interleaved, so their "
+                "timings are not paired")
     what = "score difference" if c["fallback"] else "interval"
-    if iv.contains_no_change():
+    judged = stats.judge(iv)
+    if judged == "borderline":
+        end = "lower" if stats.printed(iv.low, iv.kind) == stats.NO_CHANGE[iv.kind] else "upper"
+        return f"borderline at n = {iv.n} (the printed {what}'s {end} end is no change)"
+    if judged == "not significant":
         return f"not significant at n = {iv.n} ({what} spans no change)"
     return f"significant at n = {iv.n} (95 % {what} excludes no change)"
+
+
+def was_interleaved(row) -> bool:
+    """Whether a row records being decoded interleaved (``timing.interleaved`` true; absent in older rows)."""
+    v = row.get("timing.interleaved")
+    return isinstance(v, (bool, np.bool_)) and bool(v)
+
+
+def load_text(rows: Iterable) -> str:
+    """The machine's load while rows were timed: the range of their 1-minute load averages at start and end,
+    and the CPU count ("load average 1.2–4.4 on 2 CPUs"); "not recorded" for rows written before it was."""
+    loads, cpus = [], set()
+    for r in rows:
+        for k in ("timing.load_start", "timing.load_end"):
+            v = r.get(k) if hasattr(r, "get") else None
+            if isinstance(v, (list, tuple)) and v:
+                loads.append(float(v[0]))
+        if num(r.get("timing.cpus")) is not None:
+            cpus.add(int(r.get("timing.cpus")))
+    if not loads:
+        return "load not recorded"
+    on = f" on {'/'.join(str(c) for c in sorted(cpus))} CPUs" if cpus else ""
+    return f"load average {min(loads):.1f}–{max(loads):.1f}{on}"
 
 
 # ------------------------------------------------------------------------------------------- per run

@@ -48,7 +48,8 @@ PAPER_DEFAULTS = {"decoder.gamma": 4, "decoder.beam_width": 4, "decoder.tau": 0.
 DIVERSITY = (("distinct_1", "distinct-1"), ("distinct_2", "distinct-2"), ("distinct_3", "distinct-3"),
              ("rep_3", "rep-3"))
 NOTE_COLUMNS = ("timestamp", "n_prompts", "seed", "git_sha", "versions.torch", "versions.transformers",
-                "versions.mtad", "metrics.per_position_acceptance", "metrics.energy_source", "run_id", "run_dir")
+                "versions.mtad", "metrics.per_position_acceptance", "metrics.energy_source", "run_id", "run_dir",
+                "git_dirty", "timing.interleaved", "timing.load_start", "timing.load_end", "timing.cpus")
 # row metrics that seeds pool over (sums); the diversity metrics are means over seeds
 SUMS = ("total_decode_s", "total_tokens", "target_forwards", "energy_j", "ppl_n_samples", "forward_time_s")
 CALLS_PREFIX = "metrics.forward_calls."
@@ -302,7 +303,11 @@ _FIGURES = ("ppl", "score", "ms_per_token", "j_per_token")
 
 def cell_change(kind: str, m, b) -> float | None:
     """Row ``m`` against baseline row ``b`` from their row-level figures: ``ppl_change``/``score_change``
-    (% change), ``speedup``/``energy_ratio`` (baseline cost / row cost) or ``energy_saving`` (%)."""
+    (% change), ``speedup``/``energy_ratio`` (baseline cost / row cost), ``energy_saving`` (%) or
+    ``distinct2_diff`` (distinct-2 of the row minus the baseline's)."""
+    if kind == "distinct2_diff":
+        d_m, d_b = num(m.get("distinct_2")), num(b.get("distinct_2"))
+        return d_m - d_b if d_m is not None and d_b is not None else None
     m, b = {k: num(m[k]) for k in _FIGURES}, {k: num(b[k]) for k in _FIGURES}
     if kind == "ppl_change":
         r = ratio(m["ppl"], b["ppl"])

@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from mtad.measure.metrics import distinct_n
-from mtad.report.stats import CONFIDENCE, N_RESAMPLES, SEED, read_samples, resolve_run_dir
+from mtad.report.stats import (N_RESAMPLES, cell_key, percentile_interval, read_samples, resample_indices,
+                               resolve_run_dir)
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def setting_of(row: dict) -> tuple[str, str, float | None]:
 
 
 def points(rows: Sequence[dict], task: str, search: Sequence[Path] = (), n_resamples: int = N_RESAMPLES,
-           seed: int = SEED) -> dict[str, list[Point]]:
+           seed: int = 0) -> dict[str, list[Point]]:
     """pair -> the task's points, one per decoder setting (seeds pooled); rows whose samples are missing are
     left out."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
@@ -120,11 +121,11 @@ def _point(label, family, value, runs, n_resamples, seed) -> Point:
                              for j in range(len(runs))]))
         return acc, div
 
-    rng = np.random.default_rng(seed)
     n = len(ids)
     full = stats_of(np.arange(n))
-    boots = np.array([stats_of(rng.integers(0, n, n)) for _ in range(n_resamples)]) if n else np.zeros((0, 2))
-    lo, hi = (100 * (1 - CONFIDENCE) / 2, 100 * (1 + CONFIDENCE) / 2)
+    # accuracy and distinct-2 from the same resamples of the prompts (the project's one resampling)
+    idx = resample_indices(n, cell_key("frontier", label, ids, seed), n_resamples)
+    boots = np.array([stats_of(sel) for sel in idx]) if n else np.zeros((0, 2))
 
     def band(col: int) -> tuple[float, float, float]:
         if len(boots) == 0:
@@ -132,7 +133,7 @@ def _point(label, family, value, runs, n_resamples, seed) -> Point:
         # distinct-2 is no mean over prompts: a resample's repeated prompts repeat outputs and lower it, so its
         # bootstrap distribution is recentred on the estimate (its spread kept); accuracy needs no shift
         shift = full[col] - float(np.mean(boots[:, col])) if col == 1 else 0.0
-        low, high = (float(np.percentile(boots[:, col], q)) + shift for q in (lo, hi))
+        low, high = (float(q) + shift for q in percentile_interval(boots[:, col]))
         return (full[col], max(min(low, full[col]), 0.0), min(max(high, full[col]), 1.0))  # both are shares
 
     return Point(label, family, value, band(0), band(1), n, len(runs),
@@ -140,15 +141,16 @@ def _point(label, family, value, runs, n_resamples, seed) -> Point:
 
 
 def paired_difference(a: Point, b: Point, n_resamples: int = N_RESAMPLES,
-                      seed: int = SEED) -> tuple[float, float, float]:
+                      seed: int = 0) -> tuple[float, float, float]:
     """Accuracy of ``a`` minus ``b`` on their common prompts, with a 95 % paired bootstrap interval."""
     keys = sorted(a.scores.keys() & b.scores.keys())
     d = np.array([a.scores[k] - b.scores[k] for k in keys])
     if len(d) == 0:
         return (float("nan"),) * 3
-    idx = np.random.default_rng(seed).integers(0, len(d), (n_resamples, len(d)))
-    means = d[idx].mean(axis=1)
-    return float(d.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+    means = d[resample_indices(len(d), cell_key("frontier difference", a.label, b.label, keys, seed),
+                               n_resamples)].mean(axis=1)
+    low, high = percentile_interval(means)
+    return float(d.mean()), float(low), float(high)
 
 
 def frontier_verdict(pts: Sequence[Point]) -> list[str]:

@@ -21,7 +21,8 @@ from typing import Any
 
 from mtad.measure.costmodel import declared_profile
 from mtad.report import stats
-from mtad.report.claims import CLAIMS, DASH, PERCENT_KINDS, by_task, claims, per_run_rows, verdict
+from mtad.report.claims import (CLAIMS, DASH, PERCENT_KINDS, TIMED_KINDS, by_task, claims, load_text, per_run_rows,
+                                verdict, was_interleaved)
 from mtad.report.frame import (
     BASELINE,
     DIVERSITY,
@@ -225,6 +226,8 @@ def _fmt(value: Any, column: str = "") -> str:
 def _fmt_claim(value: float | None, kind: str) -> str:
     if value is None:
         return DASH
+    if kind == "distinct2_diff":
+        return f"{value:+.3f}".replace("-", "−")
     if kind in PERCENT_KINDS:
         return f"{value:+.1f} %".replace("-", "−")
     return f"{value:.2f}×"
@@ -243,14 +246,23 @@ def claim_rows(df) -> tuple[list[str], list[list[str]]]:
             if not c["paper_pairs"]:
                 where += "; not the paper's pairs"
         rows.append([c["version"], c["claim"], paper, c["comparison"], _fmt_claim_ci(c), verdict(c), where,
-                     "; ".join(c["hardware"]) or DASH])
+                     _hardware(c)])
         if c["kind"] == "score_change" and len(c["tasks"]) > 1:  # the downstream claim per task too
             claim = next(x for x in CLAIMS if x.text == c["claim"])
             for t in (t for t in by_task(df, claim) if t["n_cells"]):
                 rows.append([c["version"], f"↳ {t['task']} only", paper, c["comparison"], _fmt_claim_ci(t),
                              verdict(t), f"{', '.join(t['pairs'])} × {t['task']} (n = {t['n']})",
-                             "; ".join(t["hardware"]) or DASH])
+                             _hardware(t)])
     return header, rows
+
+
+def _hardware(c: dict) -> str:
+    """The claim's hardware; for a speed or energy claim also how its rows were timed (interleaved or not) and
+    the machine's load while they were."""
+    hw = "; ".join(c["hardware"]) or DASH
+    if c["kind"] not in TIMED_KINDS or not c["n_cells"]:
+        return hw
+    return f"{hw}; {'interleaved' if c.get('interleaved') else 'not recorded as interleaved'}, {c['load']}"
 
 
 def _fmt_claim_ci(c: dict) -> str:
@@ -259,6 +271,8 @@ def _fmt_claim_ci(c: dict) -> str:
     if c["fallback"] is not None:
         return "relative change undefined (a baseline score of 0); score Δ " + _fmt_diff(c["fallback"].point,
                                                                                        c["fallback"])
+    if c["kind"] == "distinct2_diff":
+        return _fmt_diff(c["ours"], c["interval"])
     text = fmt_interval(c["ours"], c["interval"], percent=c["kind"] in PERCENT_KINDS)
     return text + (" (summed over every cell's prompts: a cell's own change is undefined)"
                    if c.get("pooled_prompts") else "")
@@ -295,9 +309,18 @@ def _settings_note(df) -> list[str]:
 
 def _uncertainty_note(df) -> list[str]:
     lines = [f"Intervals: 95 % paired bootstrap over prompts (pairs joined on prompt id and turn; seeds pooled "
-             f"within a prompt), scipy.stats.bootstrap, {stats.N_RESAMPLES} resamples, {stats.METHOD} method, "
-             f"seed {stats.SEED}; no interval below {stats.MIN_PAIRS} paired prompts. n = prompts per cell "
-             "(× seeds where several were pooled)."]
+             f"within a prompt), {stats.N_RESAMPLES} resamples, {stats.METHOD} method, each cell resampled from its "
+             f"own generator (a child of seed {stats.SEED} keyed by the cell), pooled figures combining the cells' "
+             f"resamples; no interval below {stats.MIN_PAIRS} paired prompts. n = prompts per cell "
+             "(× seeds where several were pooled). Verdicts read the interval as printed: significant when both "
+             "ends exclude no change, borderline when an end rounds to it; speed and energy verdicts only for rows "
+             "decoded interleaved."]
+    if "timing.interleaved" in df.columns:
+        timed = [r for _, r in df.iterrows()]
+        n_int = sum(was_interleaved(r) for r in timed)
+        lines.append(f"Timing: {n_int} of {len(timed)} rows decoded interleaved; {load_text(timed)} while they ran.")
+    else:
+        lines.append("Timing: the rows do not record how they were timed (interleaved or not) or the machine's load.")
     missing = missing_records(df)
     if missing:
         lines.append(f"{POINT_ONLY} point estimate only, no interval: {len(missing)} row(s) have no per-prompt "

@@ -37,11 +37,12 @@ from mtad.decoding.core import Run
 from mtad.decoding.filter import uniform
 from mtad.decoding.speculative import draft_chain
 from mtad.decoding.verifiers import block_accept, fuzzy_accept, typical_accept
+from mtad.report import stats
 
 log = logging.getLogger(__name__)
 
 CONFIDENCE = 0.95
-N_BOOT = 1000
+N_BOOT = stats.N_RESAMPLES
 Verdict = tuple[int, torch.Tensor]  # (τ accepted, law of the token after them) (V,)
 
 
@@ -227,12 +228,12 @@ def _quantiles(dist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.quantile(dist, a, axis=0), np.quantile(dist, 1 - a, axis=0)
 
 
-def cluster_weights(groups: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
-    """(n_boot, C) bootstrap weights of C contexts that resample their groups (prompts) with replacement."""
+def cluster_weights(groups: np.ndarray, n_boot: int, key: int) -> np.ndarray:
+    """(n_boot, C) bootstrap weights of C contexts that resample their groups (prompts) with replacement: the
+    project's one resampling (:func:`mtad.report.stats.resample_counts`) over prompts, keyed by ``key``."""
     ids, inv = np.unique(groups, return_inverse=True)
-    rng = np.random.default_rng(seed)
-    counts = rng.multinomial(len(ids), np.full(len(ids), 1 / len(ids)), size=n_boot)  # (B, P)
-    return counts[:, inv].astype(float)  # (B, C)
+    counts = stats.resample_counts(len(ids), key, n_boot)  # (B, P)
+    return counts[:, inv]  # (B, C)
 
 
 def ratio_of_sums(num: np.ndarray, den: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -252,7 +253,7 @@ def summarize(res: TaskResult, K: int, n_boot: int = N_BOOT, seed: int = 0) -> l
     from ``lossless`` are taken resample by resample (paired)."""
     tau, ll = np.array(res.tau, dtype=float), np.array(res.loglik)  # (C, R)
     ntok, ones = np.array(res.ntok, dtype=float), np.ones_like(tau)  # (C, R)
-    w = cluster_weights(np.array(res.prompt_of), n_boot, seed)
+    w = cluster_weights(np.array(res.prompt_of), n_boot, stats.cell_key("verifier study", res.task, seed))
     base = [r.label for r in res.rules].index("lossless")
     L_pt, L_dist = ratio_of_sums(tau + 1, ones, w)  # (R,), (B, R)
     L, dL = _interval(L_pt, L_dist), _interval(L_pt - L_pt[base], L_dist - L_dist[:, [base]])
@@ -260,7 +261,7 @@ def summarize(res: TaskResult, K: int, n_boot: int = N_BOOT, seed: int = 0) -> l
     marg = _interval(*ratio_of_sums(reach, np.ones_like(reach), w))  # (R, K) each
     ll_pt, ll_dist = ratio_of_sums(ll, ntok, w)
     llt, dll = _interval(ll_pt, ll_dist), _interval(ll_pt - ll_pt[base], ll_dist - ll_dist[:, [base]])
-    tv = tv_estimates(res.tv, n_boot, seed)
+    tv = tv_estimates(res.tv, n_boot, stats.cell_key("verifier study tv", res.task, seed))
     out = []
     for j, r in enumerate(res.rules):
         if r.control:
@@ -286,18 +287,17 @@ def _triple(t: tuple, j: int) -> list[float]:
     return [float(t[0][j]), float(t[1][j]), float(t[2][j])]
 
 
-def tv_estimates(tv: Sequence[dict], n_boot: int = N_BOOT, seed: int = 0):
+def tv_estimates(tv: Sequence[dict], n_boot: int = N_BOOT, key: int = 0):
     """Per rule (R,): the mean over fixed contexts of TV(first-token law, p_1), with a bootstrap interval
     that resamples the draws within each context. None without fixed contexts."""
     if not tv:
         return None
-    rng = np.random.default_rng(seed)
     points, dists = [], []
-    for c in tv:
+    for i, c in enumerate(tv):
         laws, p1 = c["laws"], c["p1"]  # (M, R, S), (S,)
         M = laws.shape[0]
         points.append(0.5 * np.abs(laws.mean(0) - p1).sum(-1))  # (R,)
-        counts = rng.multinomial(M, np.full(M, 1 / M), size=n_boot) / M  # (B, M)
+        counts = stats.resample_counts(M, stats.cell_key(key, i), n_boot) / M  # (B, M): each context's own draws
         means = np.einsum("bm,mrs->brs", counts, laws)  # (B, R, S)
         dists.append(0.5 * np.abs(means - p1).sum(-1))  # (B, R)
     point = np.mean(points, 0)

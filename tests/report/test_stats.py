@@ -64,10 +64,51 @@ def test_seeded_and_resample_count_stated():
     rng = np.random.default_rng(2)
     a, b = rng.normal(0, 1, 25), rng.normal(0.2, 1, 25)
     one, two = stats.bootstrap_interval("score_diff", [a], [b]), stats.bootstrap_interval("score_diff", [a], [b])
-    assert (one.low, one.high) == (two.low, two.high)
-    other = stats.bootstrap_interval("score_diff", [a], [b], seed=7)
+    assert (one.low, one.high) == (two.low, two.high)  # a re-render draws the same resamples
+    other = stats.bootstrap_interval("score_diff", [a], [b], key=7)
     assert (other.low, other.high) != (one.low, one.high)
     assert len(one.distribution) == stats.N_RESAMPLES
+
+
+def test_cells_of_equal_size_draw_different_resamples():
+    """Two cells with the same number of prompts get different index arrays (their own child seeds); one cell
+    gets the same indices on every call, and counts are those indices as weights."""
+    a = stats.resample_indices(30, stats.cell_key("gsm8k", np.arange(30.0)), 200)
+    b = stats.resample_indices(30, stats.cell_key("mt_bench", np.arange(30.0)), 200)
+    again = stats.resample_indices(30, stats.cell_key("gsm8k", np.arange(30.0)), 200)
+    assert a.shape == (200, 30) and (a == again).all() and (a != b).any()
+    counts = stats.resample_counts(30, stats.cell_key("gsm8k", np.arange(30.0)), 200)
+    assert (counts.sum(axis=1) == 30).all() and (counts[0] == np.bincount(a[0], minlength=30)).all()
+
+
+def _pooled_coverage(shared_indices: bool, experiments: int = 1000, n: int = 40, resamples: int = 1000) -> float:
+    """Share of simulated experiments whose pooled 95 % interval covers the truth. Each experiment has two
+    independent cells (different prompt sets, normal per-prompt differences with known means 0.3 and -0.1);
+    the pooled figure is the mean of the cells' mean differences (truth 0.1), as the claims table pools. The
+    prompt order inside a cell is arbitrary (records are sorted by id); here the ids happen to follow the
+    values, ascending in one cell and descending in the other, as ids that follow difficulty would. A
+    correct stratified bootstrap does not depend on that order."""
+    rng = np.random.default_rng(11)
+    covered = 0
+    for e in range(experiments):
+        cells = [np.sort(rng.normal(0.3, 1.0, n)), np.sort(rng.normal(-0.1, 1.0, n))[::-1]]
+        dists = []
+        for c, d in enumerate(cells):
+            key = 0 if shared_indices else stats.cell_key(e, c)  # the old code: one fixed seed for every cell
+            dists.append(d[stats.resample_indices(n, key, resamples)].mean(axis=1))
+        low, high = stats.percentile_interval(np.mean(dists, axis=0))
+        covered += low <= 0.1 <= high
+    return covered / experiments
+
+
+def test_pooled_intervals_cover_at_the_stated_rate():
+    """Coverage of pooled 95 % intervals over 1,000 simulated experiments with known truth: within 95 ± 2.5 %
+    when every cell resamples independently; the negative control, one set of resample indices reused in every
+    cell of equal size (the old fixed-seed pooling), couples the cells' resamples and misses the band."""
+    good = _pooled_coverage(shared_indices=False)
+    assert 0.925 <= good <= 0.975, good
+    bad = _pooled_coverage(shared_indices=True)
+    assert not 0.925 <= bad <= 0.975, bad
 
 
 def test_too_few_prompts_or_bad_arrays():
@@ -145,11 +186,57 @@ def test_table_intervals_from_records_and_claims_verdicts(tmp_path):
     assert verdict(ppl).startswith("significant at n = 24")
     text = render_markdown(frame, search=[tmp_path], profiles=[])
     assert "2.00× [2.00, 2.00]" in text and "−18.1 % [−18.1, −18.1]" in text
-    assert "2000 resamples" in text and "†" not in text.split("## Settings")[0]
+    assert f"{stats.N_RESAMPLES} resamples" in text and "†" not in text.split("## Settings")[0]
+    # the rows do not record interleaved decoding: the speed claims get their interval but no verdict
+    speed = by["1.42× speed-up vs speculative decoding"]
+    assert speed["interval"].has_interval and verdict(speed).startswith("no speed verdict at n = 24")
     # task scores 0 for both: the relative change is undefined, the score difference is reported instead
     score = by["downstream score +43 % vs single-token sampling"]
     assert score["fallback"] is not None and score["ours"] == 0.0
     assert verdict(score).startswith("not significant at n = 24")
+
+
+def test_speed_verdicts_need_interleaved_rows_and_state_the_load(tmp_path):
+    import pandas as pd
+
+    rows = _rows_with_records(tmp_path)
+    for r in rows:
+        r["timing"] = {"interleaved": True, "load_start": [1.5, 1.0, 0.5], "load_end": [3.25, 2.0, 1.0], "cpus": 2}
+    text = render_markdown(pd.DataFrame([flatten_dict(r) for r in rows]), search=[tmp_path], profiles=[])
+    df = prepare(pd.DataFrame([flatten_dict(r) for r in rows]), search=[tmp_path], profiles=[])
+    speed = next(c for c in claims(df) if c["claim"].startswith("1.42×"))
+    assert verdict(speed).startswith("significant at n = 24") and speed["load"] == "load average 1.5–3.2 on 2 CPUs"
+    assert "interleaved, load average 1.5–3.2 on 2 CPUs" in text and "3 of 3 rows decoded interleaved" in text
+    next(r for r in rows if r["decoder"]["name"] == "mtad")["timing"]["interleaved"] = False  # control: one row
+    # decoded on its own takes the verdict away
+    df = prepare(pd.DataFrame([flatten_dict(r) for r in rows]), search=[tmp_path], profiles=[])
+    assert verdict(next(c for c in claims(df) if c["claim"].startswith("1.42×"))).startswith("no speed verdict")
+
+
+@pytest.mark.parametrize("low,high,expected", [
+    (1.004, 1.09, "borderline"),  # printed [1.00, 1.09]: the old rule (1 outside [low, high]) said significant
+    (0.9996, 1.09, "borderline"),  # printed [1.00, 1.09] again, from below
+    (1.006, 1.09, "significant"),  # printed [1.01, 1.09]
+    (0.96, 1.09, "not significant"),
+    (0.80, 0.996, "borderline"),  # printed [0.80, 1.00]: the upper end
+])
+def test_verdicts_read_the_interval_as_printed(low, high, expected):
+    iv = stats.Interval(1.05, low, high, 60, "speedup")
+    assert stats.judge(iv) == expected
+    old = "not significant" if iv.contains_no_change() else "significant"  # the rule before: unrounded ends
+    assert (old == expected) == (expected != "borderline")
+
+
+def test_distinct2_difference_and_its_control():
+    """A method whose outputs repeat the same bigrams has a lower distinct-2 than its baseline's varied outputs;
+    identical outputs (the control) give 0 with an interval around it."""
+    rng = np.random.default_rng(5)
+    varied = {(f"p{i}", 0): {"bigrams": [tuple(x) for x in rng.integers(0, 500, (30, 2))]} for i in range(30)}
+    loopy = {(f"p{i}", 0): {"bigrams": [(1, 2), (2, 1)] * 15} for i in range(30)}
+    iv = stats.distinct2_diff(loopy, varied, n_resamples=2000)
+    assert iv.point < -0.5 and iv.high < 0 and stats.judge(iv) == "significant"
+    same = stats.distinct2_diff(varied, varied, n_resamples=2000)
+    assert same.point == 0 and same.low <= 0 <= same.high and stats.judge(same) != "significant"
 
 
 def test_rows_without_records_are_named_and_get_no_interval(tmp_path):
