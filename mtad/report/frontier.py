@@ -29,8 +29,14 @@ from pathlib import Path
 import numpy as np
 
 from mtad.measure.metrics import distinct_n
-from mtad.report.stats import (N_RESAMPLES, cell_key, percentile_interval, read_samples, resample_indices,
-                               resolve_run_dir)
+from mtad.report.stats import (
+    N_RESAMPLES,
+    cell_key,
+    percentile_interval,
+    read_samples,
+    resample_indices,
+    resolve_run_dir,
+)
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,18 @@ from typing import Any
 
 from mtad.measure.costmodel import declared_profile
 from mtad.report import stats
-from mtad.report.claims import (CLAIMS, DASH, PERCENT_KINDS, TIMED_KINDS, by_task, claims, load_text, per_run_rows,
-                                verdict, was_interleaved)
+from mtad.report.claims import (
+    CLAIMS,
+    DASH,
+    PERCENT_KINDS,
+    TIMED_KINDS,
+    by_task,
+    claims,
+    load_text,
+    per_run_rows,
+    verdict,
+    was_interleaved,
+)
 from mtad.report.frame import (
     BASELINE,
     DIVERSITY,

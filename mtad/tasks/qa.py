@@ -70,7 +70,8 @@ def first_sentence(text: str) -> str:
 def answer_sentence(text: str) -> str:
     """The first sentence of ``text`` that answers: leading preamble sentences (``PREAMBLE``: "Sure!",
     "Certainly.", "Here is the answer:") are skipped, up to ``MAX_PREAMBLES``, and a leading interjection
-    with a comma ("Of course, Paris.") or a "Here is the answer:" lead-in is cut. Text that is nothing but preamble keeps its first sentence."""
+    with a comma ("Of course, Paris.") or a "Here is the answer:" lead-in is cut. Text that is nothing but
+    preamble keeps its first sentence."""
     text = text.strip()
     for _ in range(MAX_PREAMBLES):
         sentence = first_sentence(text)
