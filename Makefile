@@ -7,7 +7,7 @@ PROFILE ?= cpu
 ARGS   ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all run sweep reproduce-table bench bench-batch bench-core lint train-draft gpu-check slurm-check clean
+.PHONY: help setup test test-all run sweep reproduce-table publish bench bench-batch bench-core lint train-draft gpu-check slurm-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
@@ -37,6 +37,9 @@ sweep: $(STAMP)  ## a grid: speculative vs mtad on gsm8k and humaneval with the 
 
 reproduce-table: $(STAMP)  ## regenerate results/tables/<experiment>.md/.tex (PROFILE=cpu|cpu_feature|cpu_bf16|cpu_bf16_feature|cpu_full|quick|paper)
 	HF_HUB_OFFLINE=1 $(PY) -m mtad.harness.sweep --profile $(PROFILE) $(ARGS)
+
+publish: $(STAMP)  ## publish result rows with their per-prompt records: ARGS="results/<file>.jsonl --name <name>" (checks commits; renders tables)
+	$(PY) -m mtad.harness.publish $(ARGS)
 
 bench: $(STAMP)  ## speed benchmark vs Hugging Face generate/assisted generation -> results/bench.jsonl
 	HF_HUB_OFFLINE=1 $(PY) experiments/bench_hf.py $(ARGS)

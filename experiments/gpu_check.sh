@@ -5,7 +5,7 @@
 #   2. a short sweep of the embedded pair (SmolLM2-135M-Instruct + its draft), all 7 decoders x gsm8k, mt_bench,
 #      4 prompts x 64 tokens, on CUDA with NVML energy: rows in results/gpu/gpu_check.jsonl, tables in
 #      results/gpu/tables/, a log. Limits: tests 150 s, sweep 360 s, profile 120 s (fits a 10-minute run).
-#   3. OPTIONAL, only when it exists: the GPU cost profile of the cost model (issue 10). Set
+#   3. OPTIONAL, only when it exists: the GPU cost profile of the cost model. Set
 #      GPU_CHECK_PROFILE_CMD to its command, or it runs `python -m $GPU_CHECK_PROFILE_MODULE` (default
 #      mtad.harness.profile) with $GPU_CHECK_PROFILE_ARGS when that module is installed; otherwise it says "skipped".
 #   A summary table of the rows at the end; the exit status is non-zero when any step fails.

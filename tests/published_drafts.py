@@ -8,8 +8,8 @@ FEATURE_RUN2 = ["head.safetensors:3121bc266fd46e0d", "model.safetensors:3cde898f
 FEATURE_RUN3 = ["head.safetensors:09016dde359a3550", "model.safetensors:73e87e72ff4a11cc"]  # git a69d499
 FEATURE_RUN5 = ["head.safetensors:9a24f807d4e804f8", "model.safetensors:2f27c7f2bd8d1526"]  # git 893d0d7
 # published file stem -> the draft its rows ran with
-DRAFT = {"cpu_table-2026-12-03": TOKEN_STEP231, "cpu_table_bf16-2026-12-03": TOKEN_STEP231,
+DRAFT = {"cpu_table-2026-12-03": TOKEN_STEP231,
          "cpu_table_feature-2026-12-03": FEATURE_RUN1, "cpu_table_bf16_feature-run2-2026-12-04": FEATURE_RUN2,
          "cpu_table_bf16_feature-2026-12-04": FEATURE_RUN3, "cpu_table_feature-2026-12-04": FEATURE_RUN3,
-         "cpu_qa-2026-12-05": FEATURE_RUN3, "cpu_table_bf16_feature-2026-12-05": FEATURE_RUN3,
-         "cpu_table_bf16_feature-2026-12-06": FEATURE_RUN5}
+         "cpu_table_bf16_feature-2026-12-05": FEATURE_RUN3, "cpu_table_bf16_feature-2026-12-06": FEATURE_RUN5,
+         "cpu_qa-2026-12-06": FEATURE_RUN5, "cpu_table_bf16_feature-2026-12-06-clean": FEATURE_RUN5}

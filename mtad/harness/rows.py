@@ -66,6 +66,8 @@ class ResultRow:
     # how the timings were taken (timing_info): interleaved with other configs or not, and the machine's load
     # average at the start and end of the run; None in rows written before it was recorded
     timing: Optional[dict] = None
+    # set by the publish step (mtad.harness.publish): the publication, what was checked, any override's reason
+    publication: Optional[dict] = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

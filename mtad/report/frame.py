@@ -49,7 +49,8 @@ DIVERSITY = (("distinct_1", "distinct-1"), ("distinct_2", "distinct-2"), ("disti
              ("rep_3", "rep-3"))
 NOTE_COLUMNS = ("timestamp", "n_prompts", "seed", "git_sha", "versions.torch", "versions.transformers",
                 "versions.mtad", "metrics.per_position_acceptance", "metrics.energy_source", "run_id", "run_dir",
-                "git_dirty", "timing.interleaved", "timing.load_start", "timing.load_end", "timing.cpus")
+                "git_dirty", "timing.interleaved", "timing.load_start", "timing.load_end", "timing.cpus",
+                "publication.name", "publication.override")
 # row metrics that seeds pool over (sums); the diversity metrics are means over seeds
 SUMS = ("total_decode_s", "total_tokens", "target_forwards", "energy_j", "ppl_n_samples", "forward_time_s")
 CALLS_PREFIX = "metrics.forward_calls."

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mtad.measure.costmodel import declared_profile
 from mtad.report import stats
 from mtad.report.claims import (
@@ -38,6 +40,7 @@ from mtad.report.frame import (
     DIVERSITY,
     baseline_of,
     cell_change,
+    col,
     hashable,
     int_or_none,
     join_columns,
@@ -331,12 +334,29 @@ def _uncertainty_note(df) -> list[str]:
         lines.append(f"Timing: {n_int} of {len(timed)} rows decoded interleaved; {load_text(timed)} while they ran.")
     else:
         lines.append("Timing: the rows do not record how they were timed (interleaved or not) or the machine's load.")
+    lines.append(_provenance_note(df))
     missing = missing_records(df)
     if missing:
         lines.append(f"{POINT_ONLY} point estimate only, no interval: {len(missing)} row(s) have no per-prompt "
                      "records (samples.jsonl not found): " + "; ".join(missing[:12])
                      + (f"; and {len(missing) - 12} more" if len(missing) > 12 else "") + ".")
     return lines
+
+
+def _provenance_note(df) -> str:
+    """Which code measured the rows: clean commits checked by the publish step, overrides with their reasons,
+    or (rows published before the step existed) how many came from a dirty tree."""
+    shas = sorted({str(v)[:10] for v in col(df, "git_sha") if isinstance(v, str)})
+    overrides = sorted({str(v) for v in col(df, "publication.override") if isinstance(v, str)})
+    checked = [isinstance(v, str) for v in col(df, "publication.name")]
+    if overrides:
+        return (f"Provenance: **{len(overrides)} override(s) of the publish step's check**: " + "; ".join(overrides)
+                + f". Commits: {', '.join(shas) or DASH}.")
+    if checked and all(checked):
+        return f"Provenance: every row from a clean tree at a commit in the repository's history ({', '.join(shas)})."
+    dirty = sum(isinstance(v, (bool, np.bool_)) and bool(v) for v in col(df, "git_dirty"))
+    return (f"Provenance: not checked (rows published before the publish step); {dirty} of {len(df)} rows record a "
+            f"dirty tree; commits: {', '.join(shas) or DASH}.")
 
 
 def _cost_note(df) -> list[str]:

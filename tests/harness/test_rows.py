@@ -29,7 +29,7 @@ CFG = {
 PUBLISHED = sorted((REPO_ROOT / "results" / "published").glob("*.jsonl"))
 FIELDS = ("run_id", "config_hash", "experiment", "timestamp", "git_sha", "git_dirty", "versions", "device_name",
           "num_threads", "seed", "decoder", "model", "task", "metrics", "n_prompts", "n_skipped", "skip_reasons",
-          "run_dir", "non_finite", "schema_version", "timing")
+          "run_dir", "non_finite", "schema_version", "timing", "publication")
 
 
 # ------------------------------------------------------------------------------------------------ hash
