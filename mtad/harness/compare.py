@@ -123,7 +123,7 @@ def render(rows: list[dict], decoders: Sequence[str], search: Sequence[Path] = (
 
 def reading(cells: dict, decoders: Sequence[str]) -> str:
     """One sentence on MTAD against the baseline and speculative decoding, saying only what the 95 %
-    intervals support."""
+    intervals as printed support (:func:`mtad.report.stats.judge`: borderline when an end rounds to no change)."""
     if "mtad" not in cells:
         return "What it shows: read the intervals above (no MTAD row)."
     vs_base, vs_spec, ppl = cells["mtad"]
@@ -132,8 +132,11 @@ def reading(cells: dict, decoders: Sequence[str]) -> str:
     def says(iv: stats.Interval | None, up: str, down: str, same: str) -> str:
         if iv is None or iv.point is None:
             return f"{same}: not measured"
-        if iv.contains_no_change() is not False:
+        judged = stats.judge(iv)  # the interval as printed
+        if judged is None or judged == "not significant":
             return f"{same}: no difference the interval can show (n = {iv.n})"
+        if judged == "borderline":
+            return f"{same}: borderline (an end of the printed interval is no change, n = {iv.n})"
         return up if iv.low > stats.NO_CHANGE[iv.kind] else down
 
     parts = [says(vs_base, f"MTAD is faster than {base}", f"MTAD is slower than {base}", f"MTAD vs {base} speed"),
@@ -142,7 +145,7 @@ def reading(cells: dict, decoders: Sequence[str]) -> str:
              says(ppl, f"and its outputs have higher perplexity than {base}'s",
                   f"and its outputs have lower perplexity than {base}'s (the paper's direction)",
                   f"perplexity vs {base}")]
-    return "What it shows: " + "; ".join(parts) + " (95 % intervals that exclude no change)."
+    return "What it shows: " + "; ".join(parts) + " (95 % intervals as printed, both ends excluding no change)."
 
 
 if __name__ == "__main__":

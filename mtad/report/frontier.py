@@ -28,12 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
-from mtad.measure.metrics import distinct_n
 from mtad.report.stats import (
     N_RESAMPLES,
     cell_key,
+    distinct_share,
+    incidence,
     percentile_interval,
     read_samples,
+    resample_counts,
     resample_indices,
     resolve_run_dir,
 )
@@ -120,18 +122,20 @@ def _point(label, family, value, runs, n_resamples, seed) -> Point:
             score[j, k] = float(v) if isinstance(v, (int, float)) else np.nan
             outputs[j][k] = s["output_ids"]
     per_prompt = np.nanmean(score, axis=0)
-
-    def stats_of(sel: np.ndarray) -> tuple[float, float]:
-        acc = float(np.nanmean(per_prompt[sel]))
-        div = float(np.mean([distinct_n([outputs[j][k] for k in sel if outputs[j][k] is not None], 2) or 0.0
-                             for j in range(len(runs))]))
-        return acc, div
-
     n = len(ids)
-    full = stats_of(np.arange(n))
-    # accuracy and distinct-2 from the same resamples of the prompts (the project's one resampling)
-    idx = resample_indices(n, cell_key("frontier", label, ids, seed), n_resamples)
-    boots = np.array([stats_of(sel) for sel in idx]) if n else np.zeros((0, 2))
+    # accuracy and distinct-2 from the same resamples of the prompts (the project's one resampling), as counts
+    counts = resample_counts(n, cell_key("frontier", label, ids, seed), n_resamples) if n else np.zeros((0, 0))
+    has = ~np.isnan(per_prompt)
+    with np.errstate(all="ignore"):
+        acc_dist = (counts[:, has] @ per_prompt[has]) / counts[:, has].sum(axis=1)  # (B,)
+    div_runs, div_dists = [], []
+    for j in range(len(runs)):  # distinct-2 over one seed's outputs, averaged over seeds
+        bigrams = [list(zip(o, o[1:])) if o is not None else [] for o in outputs[j]]
+        inc, sizes = incidence(bigrams)
+        div_runs.append(float(distinct_share(np.ones((1, n)), inc, sizes)[0]) if sizes.sum() else 0.0)
+        div_dists.append(np.nan_to_num(distinct_share(counts, inc, sizes)) if sizes.sum() else np.zeros(len(counts)))
+    full = (float(np.nanmean(per_prompt)) if has.any() else float("nan"), float(np.mean(div_runs)) if runs else 0.0)
+    boots = np.stack([acc_dist, np.mean(div_dists, axis=0)], axis=1) if n else np.zeros((0, 2))
 
     def band(col: int) -> tuple[float, float, float]:
         if len(boots) == 0:

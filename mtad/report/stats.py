@@ -370,7 +370,8 @@ def distinct_share(counts: np.ndarray, incidence: np.ndarray, sizes: np.ndarray)
         return (present > 0).sum(axis=1) / (counts @ sizes)
 
 
-def _incidence(bigrams: Sequence[list]) -> tuple[np.ndarray, np.ndarray]:
+def incidence(bigrams: Sequence[list]) -> tuple[np.ndarray, np.ndarray]:
+    """(n, U) which of the U distinct bigrams each of n prompts holds, and (n,) how many bigrams each has."""
     vocab = {b: j for j, b in enumerate(sorted({b for bs in bigrams for b in bs}))}
     inc = np.zeros((len(bigrams), len(vocab)))
     for i, bs in enumerate(bigrams):
@@ -388,7 +389,7 @@ def distinct2_diff(method: dict[tuple, dict], baseline: dict[tuple, dict],
                   if method[k].get("bigrams") is not None and baseline[k].get("bigrams") is not None)
     if not keys:
         return Interval(None, None, None, 0, "distinct2_diff", note="no output token ids in the records")
-    (inc_m, n_m), (inc_b, n_b) = (_incidence([r[k]["bigrams"] for k in keys]) for r in (method, baseline))
+    (inc_m, n_m), (inc_b, n_b) = (incidence([r[k]["bigrams"] for k in keys]) for r in (method, baseline))
     ones = np.ones((1, len(keys)))
     point = _finite(distinct_share(ones, inc_m, n_m)[0] - distinct_share(ones, inc_b, n_b)[0])
     if len(keys) < MIN_PAIRS or point is None:
