@@ -17,7 +17,7 @@ import pytest
 from omegaconf import OmegaConf
 from published_drafts import DRAFT
 
-from mtad._util.paths import REPO_ROOT, default_data_dir
+from mtad._util.paths import REPO_ROOT
 from mtad.harness import sweep
 from mtad.harness.rows import config_hash
 from mtad.harness.runner import weights_fingerprint
@@ -38,7 +38,7 @@ MEASURED_AS = {"cpu_table_bf16-2026-12-03": ["model.name=smollm2-bf16"]}
 # (7 decoders x 4 tasks, 12 prompts): no config of today can give their hashes.
 OLDER_SCHEMA = {"cpu_table-2026-12-02"}
 
-needs_data = pytest.mark.skipif(not (default_data_dir() / "gsm8k").is_dir(), reason="no task data (MTAD_DATA_DIR)")
+needs_data = pytest.mark.usefixtures("real_data_dir")  # published rows hash the real data; skips on a fresh clone
 
 
 def profile_jobs(profile: str, overrides: list[str]) -> list[list[str]]:
