@@ -11,7 +11,8 @@
 #   A summary table of the rows at the end; the exit status is non-zero when any step fails.
 #
 #   --cpu-dry-run (or GPU_CHECK_DRY_RUN=1): the same steps on the CPU (2 prompts, 16 new tokens, rows in
-#   results/gpu-dryrun/, no NVML requirement), to know the script works before a GPU is lent.
+#   results/gpu-dryrun/, no NVML requirement, a 1-round cost profile within 900 s: a CPU of 2 shared cores is
+#   slow), to know the script works before a GPU is lent.
 #   Without CUDA and without --cpu-dry-run it says so, runs the GPU tests (they skip) and exits 0.
 #   The summary selects the rows of the pair model=smollm2 resolved to (experiments/gpu_check_rows.py).
 # Offline: HF_HUB_OFFLINE=1, W&B disabled, data from $MTAD_DATA_DIR (else ../shared/data; where neither holds
@@ -26,7 +27,7 @@ DRY=${GPU_CHECK_DRY_RUN:-0}
 for arg in "$@"; do
     case "$arg" in
         --cpu-dry-run) DRY=1 ;;
-        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown argument $arg (use --cpu-dry-run)" >&2; exit 2 ;;
     esac
 done
@@ -38,10 +39,10 @@ DECODERS="greedy,sampling,speculative,specinfer,mtjd,mtad,mmtad"
 TASKS="${GPU_CHECK_TASKS:-gsm8k,mt_bench}"
 
 if [ "$DRY" = 1 ]; then
-    OUT="${GPU_CHECK_DIR:-results/gpu-dryrun}"; DEVICE=cpu; THREADS=1; SWEEP_LIMIT=1200
+    OUT="${GPU_CHECK_DIR:-results/gpu-dryrun}"; DEVICE=cpu; THREADS=1; SWEEP_LIMIT=1200; PROFILE_LIMIT=900; REPS=1
     PROMPTS="${GPU_CHECK_PROMPTS:-2}"; NEW="${GPU_CHECK_NEW_TOKENS:-16}"
 elif "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-    OUT="${GPU_CHECK_DIR:-results/gpu}"; DEVICE=cuda; THREADS=0; SWEEP_LIMIT=360
+    OUT="${GPU_CHECK_DIR:-results/gpu}"; DEVICE=cuda; THREADS=0; SWEEP_LIMIT=360; PROFILE_LIMIT=120; REPS=3
     PROMPTS="${GPU_CHECK_PROMPTS:-4}"; NEW="${GPU_CHECK_NEW_TOKENS:-64}"
 else
     echo "gpu-check: no CUDA device visible to $PY: running the GPU tests, which skip, and nothing else"
@@ -83,10 +84,10 @@ timeout "$SWEEP_LIMIT" "$PY" -m mtad.harness.sweep --experiment cpu_table --no-p
 echo "== 3/3 (optional) GPU cost profile for the cost model"
 PROFILE_MODULE="${GPU_CHECK_PROFILE_MODULE:-mtad.harness.profile}"
 if [ -n "${GPU_CHECK_PROFILE_CMD:-}" ]; then
-    timeout 120 bash -c "$GPU_CHECK_PROFILE_CMD" || FAILED+=("cost profile")
+    timeout "$PROFILE_LIMIT" bash -c "$GPU_CHECK_PROFILE_CMD" || FAILED+=("cost profile")
 elif "$PY" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('$PROFILE_MODULE') else 1)" 2>/dev/null; then
     # shellcheck disable=SC2086  # the arguments are meant to split
-    timeout 120 "$PY" -m "$PROFILE_MODULE" ${GPU_CHECK_PROFILE_ARGS:-profile "model=$MODEL" "model.device=$DEVICE" --reps 3 --out "$OUT/profiles"} \
+    timeout "$PROFILE_LIMIT" "$PY" -m "$PROFILE_MODULE" ${GPU_CHECK_PROFILE_ARGS:-profile "model=$MODEL" "model.device=$DEVICE" --reps "$REPS" --out "$OUT/profiles"} \
         || FAILED+=("cost profile")
 else
     echo "skipped: no cost-profile module $PROFILE_MODULE for $PY (or set GPU_CHECK_PROFILE_CMD)"

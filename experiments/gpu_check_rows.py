@@ -11,7 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mtad._util.paths import REPO_ROOT
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))  # this checkout's mtad, whatever the interpreter has installed
 
 
 def resolved_name(model: str, device: str) -> str:

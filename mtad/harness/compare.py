@@ -51,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(decoders) < 2:
             raise ValueError(f"--decoders={args.decoders!r} names {len(decoders)} decoder(s): give at least two, "
                              "the first being the baseline (e.g. sampling,speculative,mtad)")
+        twice = sorted({d for d in decoders if decoders.count(d) > 1})
+        if twice:
+            raise ValueError(f"--decoders={args.decoders!r} names {', '.join(twice)} more than once: give each "
+                             "decoder once (each is one column of the table)")
         cfgs = configs(decoders, args.overrides)
         resolved = [OmegaConf.to_container(c, resolve=True) for c in cfgs]
         mcfg, why = resolve_alias(ModelConfig.from_any(resolved[0]["model"]))
@@ -62,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.perf_counter()
         rows = run_interleaved(cfgs, on_prompt=lambda i, total: _progress(i, total, t0))
         results_file = Path(resolved[0].get("results_dir", "results")) / f"{experiment_name(resolved[0])}.jsonl"
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:  # OSError: a results folder that cannot be written, a full disk
         print(f"mtad.harness.compare: error: {err}", file=sys.stderr)
         return 2
     print(render(rows, decoders, search=[results_file.parent]))

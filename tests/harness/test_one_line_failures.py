@@ -1,0 +1,150 @@
+"""Every failure of the entry points is one line, exit 2, before any work: unknown config groups, options and
+keys (main CLI, the comparison of ``make run``, the study, the frontier), duplicate decoders, output paths of
+long jobs, an over-long ``name``, a full disk between sweep jobs; SIGTERM is taken like Ctrl-C; ``name=null``
+runs under ``default``; the capitals task runs with no data folder (the repository ships it)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mtad._util.paths import REPO_ROOT
+
+
+def _env(**extra: str) -> dict:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(REPO_ROOT), **extra}
+
+
+def _run(module: str, *args: str, cwd: Path = REPO_ROOT, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=_env(**env), capture_output=True,
+                          text=True, timeout=300)
+
+
+def _one_line(out: subprocess.CompletedProcess, prefix: str) -> str:
+    """The run failed with exit 2 and stderr is one ``<prefix>: error:`` line (no traceback)."""
+    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and len(lines) == 1 and lines[0].startswith(f"{prefix}: error: "), \
+        out.stderr[-3000:]
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------- unknown groups and keys
+@pytest.mark.parametrize("args, needle", [
+    (["model=smolm2"], "unknown model 'smolm2' (model=smolm2): conf/model/ has"),
+    (["decoder=mtadd"], "unknown decoder 'mtadd'"),
+    (["-m", "decoder=mtad,mtadd", "task=capitals"], "unknown decoder 'mtadd'"),
+    (["experiment=nosuch"], "unknown experiment 'nosuch'"),
+    (["decoder.gamam=3"], "Could not override 'decoder.gamam'"),
+    (["name=" + "x" * 260], "a file name holds at most 255 bytes"),
+])
+def test_main_cli_refuses_unknown_options_in_one_line(tmp_path, args, needle):
+    out = _run("mtad", *args, f"results_dir={tmp_path / 'res'}", cwd=tmp_path)
+    assert needle in _one_line(out, "mtad")
+    assert not (tmp_path / "res").exists() and not (tmp_path / "outputs").exists()
+
+
+def test_the_check_leaves_valid_sweeps_alone():
+    from mtad.harness.clicheck import check_overrides
+
+    check_overrides(["model=tiny", "decoder=mtad,greedy", "task=capitals", "decoder.tau=0.2,0.8",
+                     "hydra/launcher=slurm", "name=null"])
+    check_overrides(["experiment=cpu_table", "experiment/pair@pair=smollm2_feature"])
+    with pytest.raises(ValueError, match="unknown task 'capital'"):  # control: one bad value of a sweep
+        check_overrides(["task=capitals,capital"], compose=False)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--decoders", "sampling,sampling"], "names sampling more than once"),
+    (["--decoders", "sampling,mtadd"], "unknown decoder 'mtadd'"),
+    (["model=smolm2"], "unknown model 'smolm2'"),
+])
+def test_compare_refuses_bad_input_before_decoding(tmp_path, args, needle):
+    out = _run("mtad.harness.compare", *args, f"results_dir={tmp_path / 'res'}", "model=tiny", cwd=tmp_path) \
+        if "model=smolm2" not in args else _run("mtad.harness.compare", *args, cwd=tmp_path)
+    assert needle in _one_line(out, "mtad.harness.compare")
+    assert "decoding" not in out.stdout and not (tmp_path / "res").exists()
+
+
+# ------------------------------------------------------------------------------- the study's inputs
+@pytest.mark.parametrize("args, needle", [
+    (["--tasks", "capitals", "capitalz"], "unknown task 'capitalz'"),
+    (["--model", "smolm2"], "unknown model 'smolm2'"),
+    (["--out", "FILE"], "is a file, not a folder"),
+    (["--name", "n" * 300], "a file name holds at most 255 bytes"),
+    (["--render-raw", "nothing.pkl"], "is not a file"),
+])
+def test_study_checks_names_and_outputs_before_it_runs(tmp_path, args, needle):
+    (tmp_path / "FILE").write_text("mine\n")
+    args = [a.replace("FILE", str(tmp_path / "FILE")) for a in args]
+    out_dir = [] if "--out" in args else ["--out", str(tmp_path / "out")]
+    out = _run("mtad.study", "verifiers", *out_dir, *args, cwd=tmp_path)
+    assert needle in _one_line(out, "mtad.study")
+    assert (tmp_path / "FILE").read_text() == "mine\n"
+
+
+def test_study_save_raw_parent_is_created_before_the_study(tmp_path):
+    from mtad.study.__main__ import check_outputs, parse_args
+
+    args = parse_args(["verifiers", "--out", str(tmp_path / "a" / "b"), "--save-raw", str(tmp_path / "new" / "r.pkl")])
+    check_outputs(args)
+    assert (tmp_path / "a" / "b").is_dir() and (tmp_path / "new").is_dir() and not (tmp_path / "new/r.pkl").exists()
+
+
+# ------------------------------------------------------------------------------- the frontier
+def test_frontier_checks_its_output_folder_first(tmp_path):
+    (tmp_path / "out").write_text("mine\n")
+    out = _run("mtad.report.frontier", str(REPO_ROOT / "tests/fixtures/results_small.jsonl"), "--task", "gsm8k",
+               "--out", str(tmp_path / "out"))
+    assert "is a file, not a folder" in _one_line(out, "mtad.report.frontier")
+    assert (tmp_path / "out").read_text() == "mine\n"
+
+
+# ------------------------------------------------------------------------------- a full disk
+def test_sweep_stops_in_one_line_when_the_disk_fills_between_jobs(tmp_path, monkeypatch, capsys):
+    from mtad.harness import sweep
+
+    calls = []
+    monkeypatch.setattr(sweep, "_run_group", lambda group, summary, results_file: calls.append(group))
+    free = iter([10_000.0, 5.0])
+    monkeypatch.setattr(sweep, "free_mb", lambda path: next(free))
+    code = sweep.main(["--experiment", "quick", "--no-progress", "--no-cost-profile", "--no-interleave",
+                       f"results_dir={tmp_path}"])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("mtad.harness.sweep: error:")]
+    assert code == 2 and len(calls) == 1, calls
+    assert len(err) == 1 and "only 5 MiB free on the disk of" in err[0] and "rerun" in err[0]
+
+
+# ------------------------------------------------------------------------------- small things
+def test_capitals_run_without_a_data_folder_and_name_null_runs_under_default(tmp_path):
+    """``python -m mtad model=tiny task=capitals task.n_prompts=2`` on a machine without a data folder: the
+    repository's copy; ``name=null`` files the run under ``default``, not ``None``."""
+    out = _run("mtad", "model=tiny", "task=capitals", "task.n_prompts=2", "decoder.max_new_tokens=4", "warmup=0",
+               "name=null", f"results_dir={tmp_path}", cwd=tmp_path, MTAD_DATA_DIR=str(tmp_path / "none"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    row = json.loads((tmp_path / "default.jsonl").read_text().splitlines()[0])
+    assert row["task"]["name"] == "capitals" and row["n_prompts"] == 2 and row["task"]["source"] == "local"
+    assert (tmp_path / "runs" / "default").is_dir() and not (tmp_path / "runs" / "None").exists()
+
+
+def test_sigterm_is_taken_like_ctrl_c(tmp_path):
+    """``scancel`` sends SIGTERM: one line, exit 143, no traceback, no row; a rerun writes the row."""
+    args = [sys.executable, "-m", "mtad", "model=tiny", "task=capitals", "task.n_prompts=0", "decoder=greedy",
+            "decoder.max_new_tokens=64", "warmup=0", "name=t", f"results_dir={tmp_path}"]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "runs").rglob("samples*.jsonl")) and time.monotonic() < deadline:
+        time.sleep(0.2)  # decoding has begun: the run writes its per-prompt records
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    lines = [x for x in err.splitlines() if x.startswith("mtad:")]
+    assert proc.returncode == 143 and "Traceback" not in err, err[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("mtad: terminated (SIGTERM)"), err[-3000:]
+    assert not (tmp_path / "t.jsonl").exists()
