@@ -27,7 +27,7 @@ DRY=${GPU_CHECK_DRY_RUN:-0}
 for arg in "$@"; do
     case "$arg" in
         --cpu-dry-run) DRY=1 ;;
-        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set -euo/{/^#/p}' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown argument $arg (use --cpu-dry-run)" >&2; exit 2 ;;
     esac
 done

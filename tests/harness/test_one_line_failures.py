@@ -37,18 +37,33 @@ def _one_line(out: subprocess.CompletedProcess, prefix: str) -> str:
 
 
 # ------------------------------------------------------------------------------- unknown groups and keys
+def _err_lines(capsys, prefix: str) -> list[str]:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return [x for x in err.splitlines() if x.strip() and x.startswith(f"{prefix}:")]
+
+
+def test_main_cli_refuses_an_unknown_option_in_one_line(tmp_path):
+    """Through the real command line (Hydra would print ~80 lines and exit 1)."""
+    out = _run("mtad", "-m", "decoder=mtad,mtadd", "task=capitals", f"results_dir={tmp_path / 'res'}", cwd=tmp_path)
+    assert "unknown decoder 'mtadd' (decoder=mtadd): conf/decoder/ has" in _one_line(out, "mtad")
+    assert not (tmp_path / "res").exists() and not (tmp_path / "outputs").exists()
+
+
 @pytest.mark.parametrize("args, needle", [
     (["model=smolm2"], "unknown model 'smolm2' (model=smolm2): conf/model/ has"),
     (["decoder=mtadd"], "unknown decoder 'mtadd'"),
-    (["-m", "decoder=mtad,mtadd", "task=capitals"], "unknown decoder 'mtadd'"),
     (["experiment=nosuch"], "unknown experiment 'nosuch'"),
     (["decoder.gamam=3"], "Could not override 'decoder.gamam'"),
     (["name=" + "x" * 260], "a file name holds at most 255 bytes"),
 ])
-def test_main_cli_refuses_unknown_options_in_one_line(tmp_path, args, needle):
-    out = _run("mtad", *args, f"results_dir={tmp_path / 'res'}", cwd=tmp_path)
-    assert needle in _one_line(out, "mtad")
-    assert not (tmp_path / "res").exists() and not (tmp_path / "outputs").exists()
+def test_main_cli_checks_overrides_before_hydra(capsys, args, needle):
+    from mtad.__main__ import _check_command_line
+
+    with pytest.raises(SystemExit) as stop:
+        _check_command_line(args)
+    lines = _err_lines(capsys, "mtad")
+    assert stop.value.code == 2 and len(lines) == 1 and needle in lines[0], lines
 
 
 def test_the_check_leaves_valid_sweeps_alone():
@@ -62,15 +77,17 @@ def test_the_check_leaves_valid_sweeps_alone():
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--decoders", "sampling,sampling"], "names sampling more than once"),
-    (["--decoders", "sampling,mtadd"], "unknown decoder 'mtadd'"),
+    (["--decoders", "sampling,sampling", "model=tiny"], "names sampling more than once"),
+    (["--decoders", "sampling,mtadd", "model=tiny"], "unknown decoder 'mtadd'"),
     (["model=smolm2"], "unknown model 'smolm2'"),
 ])
-def test_compare_refuses_bad_input_before_decoding(tmp_path, args, needle):
-    out = _run("mtad.harness.compare", *args, f"results_dir={tmp_path / 'res'}", "model=tiny", cwd=tmp_path) \
-        if "model=smolm2" not in args else _run("mtad.harness.compare", *args, cwd=tmp_path)
-    assert needle in _one_line(out, "mtad.harness.compare")
-    assert "decoding" not in out.stdout and not (tmp_path / "res").exists()
+def test_compare_refuses_bad_input_before_decoding(tmp_path, capsys, monkeypatch, args, needle):
+    from mtad.harness import compare
+
+    monkeypatch.setattr(compare, "run_interleaved", lambda *a, **k: pytest.fail("decoded"))
+    assert compare.main([*args, f"results_dir={tmp_path / 'res'}"]) == 2
+    lines = _err_lines(capsys, "mtad.harness.compare")
+    assert len(lines) == 1 and needle in lines[0], lines
 
 
 # ------------------------------------------------------------------------------- the study's inputs
@@ -81,12 +98,16 @@ def test_compare_refuses_bad_input_before_decoding(tmp_path, args, needle):
     (["--name", "n" * 300], "a file name holds at most 255 bytes"),
     (["--render-raw", "nothing.pkl"], "is not a file"),
 ])
-def test_study_checks_names_and_outputs_before_it_runs(tmp_path, args, needle):
+def test_study_checks_names_and_outputs_before_it_runs(tmp_path, capsys, monkeypatch, args, needle):
+    from mtad.study import __main__ as study
+
+    monkeypatch.setattr(study, "load_pair", lambda *a, **k: pytest.fail("the study started"))
     (tmp_path / "FILE").write_text("mine\n")
     args = [a.replace("FILE", str(tmp_path / "FILE")) for a in args]
     out_dir = [] if "--out" in args else ["--out", str(tmp_path / "out")]
-    out = _run("mtad.study", "verifiers", *out_dir, *args, cwd=tmp_path)
-    assert needle in _one_line(out, "mtad.study")
+    assert study.main(["verifiers", *out_dir, *args]) == 2
+    lines = _err_lines(capsys, "mtad.study")
+    assert len(lines) == 1 and needle in lines[0], lines
     assert (tmp_path / "FILE").read_text() == "mine\n"
 
 
@@ -99,11 +120,14 @@ def test_study_save_raw_parent_is_created_before_the_study(tmp_path):
 
 
 # ------------------------------------------------------------------------------- the frontier
-def test_frontier_checks_its_output_folder_first(tmp_path):
+def test_frontier_checks_its_output_folder_first(tmp_path, capsys):
+    from mtad.report import frontier
+
     (tmp_path / "out").write_text("mine\n")
-    out = _run("mtad.report.frontier", str(REPO_ROOT / "tests/fixtures/results_small.jsonl"), "--task", "gsm8k",
-               "--out", str(tmp_path / "out"))
-    assert "is a file, not a folder" in _one_line(out, "mtad.report.frontier")
+    assert frontier.main([str(REPO_ROOT / "tests/fixtures/results_small.jsonl"), "--task", "gsm8k",
+                          "--out", str(tmp_path / "out")]) == 2
+    lines = _err_lines(capsys, "mtad.report.frontier")
+    assert len(lines) == 1 and "is a file, not a folder" in lines[0]
     assert (tmp_path / "out").read_text() == "mine\n"
 
 
