@@ -81,3 +81,17 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def read_safetensors(path: str | Path) -> dict:
+    """The tensors of a safetensors file; a truncated or corrupt file is a ValueError naming it (the library's
+    own error is a bare ``SafetensorError`` without the file's name)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except SafetensorError as err:
+        raise ValueError(f"{path} is not a readable safetensors file ({err}): the weights are corrupt or "
+                         f"truncated; re-export or restore that file (git checkout, make train-draft)") from None
+

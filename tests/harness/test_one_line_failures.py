@@ -172,3 +172,53 @@ def test_sigterm_is_taken_like_ctrl_c(tmp_path):
     assert proc.returncode == 143 and "Traceback" not in err, err[-3000:]
     assert len(lines) == 1 and lines[0].startswith("mtad: terminated (SIGTERM)"), err[-3000:]
     assert not (tmp_path / "t.jsonl").exists()
+
+
+# ------------------------------------------------------------------------------- float32 underflow
+@pytest.mark.parametrize("override", ["decoder.temperature=1e-40", "decoder.top_p=1e-300", "decoder.tau=1e-45",
+                                      "decoder.block_top_p=1e-300"])
+def test_settings_that_underflow_in_float32_are_refused_before_the_model_loads(tmp_path, monkeypatch, override):
+    from mtad.harness import runner
+    from mtad.harness.sweep import compose_job
+
+    monkeypatch.setattr(runner, "load_pair", lambda *a, **k: pytest.fail("the model loaded"))
+    cfg = compose_job(["model=tiny", "task=capitals", "decoder=mtad", override, f"results_dir={tmp_path}"])
+    key = override.split("=")[0].split(".")[1]
+    with pytest.raises(ValueError, match=rf"decoder\.{key}=.* is out of range: allowed .*float32"):
+        runner.run(cfg, run_dir=tmp_path / "run")
+
+
+def test_the_smallest_allowed_settings_still_build():
+    from mtad.decoding import DecoderConfig
+    from mtad.decoding.config import MIN_PROBABILITY, MIN_TEMPERATURE
+
+    DecoderConfig(name="mtad", temperature=MIN_TEMPERATURE, top_p=MIN_PROBABILITY, tau=MIN_PROBABILITY)
+    DecoderConfig(name="sampling", temperature=0.0)  # greedy stays allowed
+
+
+
+# ------------------------------------------------------------------------------- files that are not what they claim
+def test_a_json_line_that_is_no_row_is_named_as_such(tmp_path):
+    from mtad.harness.store import load_results
+
+    good = (REPO_ROOT / "tests/fixtures/results_small.jsonl").read_text().splitlines()[0]
+    (tmp_path / "r.jsonl").write_text(good + '\n{"x": 1}\n' + good + "\n")
+    with pytest.raises(ValueError, match=r"row 2 is not a result row \(keys \['x'\]") as err:
+        load_results(tmp_path / "r.jsonl")
+    assert "schema_version" not in str(err.value).split(";")[0]
+    (tmp_path / "old.jsonl").write_text(good.replace('"schema_version": 1', '"schema_version": 99') + "\n")
+    with pytest.raises(ValueError, match="schema_version=99"):  # control: a real row of another version
+        load_results(tmp_path / "old.jsonl")
+
+
+def test_corrupt_weights_are_named_as_such(tmp_path):
+    from mtad.models.draft_head import HEAD_FILE, read_head_file
+
+    src = REPO_ROOT / "models" / "smollm2-feature-draft" / HEAD_FILE
+    assert "kept_ids" in read_head_file(src.parent)  # control: the committed file reads
+    data = src.read_bytes()
+    for name, broken in (("truncated", data[: len(data) // 2]), ("garbage", b"\xff" * 64)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / HEAD_FILE).write_bytes(broken)
+        with pytest.raises(ValueError, match=rf"{name}/{HEAD_FILE} is not a readable safetensors file .*corrupt"):
+            read_head_file(tmp_path / name)
