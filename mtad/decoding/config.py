@@ -21,7 +21,7 @@ FINITE_RANGES = {"temperature": "T >= 0", "top_p": "0 < top_p <= 1", "tau": "0 <
                  "typical_threshold": "0 <= typical_threshold <= 1", "typical_alpha": "typical_alpha >= 0",
                  "block_top_p": "0 < block_top_p <= 1"}
 # Below these a value underflows in float32 arithmetic (logits / T overflows; a probability rounds to 0) and the
-# decode ends in NaN after the model has loaded: refused up front (docs/RUNNING.md, "Decoder settings that underflow").
+# decode ends in NaN after the model has loaded: refused up front (docs/RUNNING.md, "When something is wrong").
 MIN_TEMPERATURE = 1e-6  # T is 0 (greedy) or at least this
 MIN_PROBABILITY = 1e-30  # top_p, block_top_p, tau are at least this
 HASH_LATE_KEYS = ("proposer", "ngram_max", "typical_threshold", "typical_alpha", "fuzzy_divergence",

@@ -25,7 +25,7 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "data"  # small data sets no pub
 
 
 def shipped_file(subdir: str, name: str | None) -> Path | None:
-    """``mtad/tasks/data/<subdir>/<name>`` when the repository ships that file (with its SOURCE.md)."""
+    """``mtad/tasks/data/<subdir>/<name>`` when the repository ships that file (licence notes beside it)."""
     if not subdir or not name:
         return None
     path = SHIPPED_DIR / subdir / name
