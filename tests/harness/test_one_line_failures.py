@@ -222,3 +222,16 @@ def test_corrupt_weights_are_named_as_such(tmp_path):
         (tmp_path / name / HEAD_FILE).write_bytes(broken)
         with pytest.raises(ValueError, match=rf"{name}/{HEAD_FILE} is not a readable safetensors file .*corrupt"):
             read_head_file(tmp_path / name)
+
+
+def test_model_tiny_runs_the_default_task(tmp_path):
+    """The README's seconds-long smoke run: ``model=tiny`` with the default task (4-shot GSM8K prompts exceed
+    max_prompt_tokens with its byte tokenizer; the tiny preset makes it zero-shot). An explicit few_shot wins."""
+    from mtad.harness.runner import run
+    from mtad.harness.sweep import compose_job
+
+    row = run(compose_job(["model=tiny", "task.n_prompts=2", "decoder.max_new_tokens=4", "warmup=0",
+                           f"results_dir={tmp_path}", "name=smoke"]), run_dir=tmp_path / "run")
+    assert row is not None and row["n_prompts"] == 2 and row["task"]["name"] == "gsm8k" and row["n_skipped"] == 0
+    assert compose_job(["model=tiny", "task.few_shot=2"]).task.few_shot == 2
+    assert compose_job(["model=smollm2"]).task.few_shot == 4  # control: other pairs keep the task's default
