@@ -22,6 +22,9 @@ from mtad.tasks.records import hub_dataset, package_file
 log = logging.getLogger(__name__)
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "data"  # small data sets no public source serves
+# hub loads that failed in this process, (id, config, split) -> the error's line: offline, each is tried once,
+# not once per decoder of a comparison (each try costs ~20 s of retries)
+_HUB_FAILED: dict[tuple, str] = {}
 
 
 def shipped_file(subdir: str, name: str | None) -> Path | None:
@@ -102,14 +105,17 @@ class DataRoutes:
                      shipped)
             return self.route
         hub, target = None, self._hub_target(self.cfg.split)
-        if self.cfg.source == "auto" and target and not named:
+        if self.cfg.source == "auto" and target and not named and target in _HUB_FAILED:
+            hub = _HUB_FAILED[target]
+            log.info("task %s: hub route failed earlier in this process (%s); not tried again", self.name, hub)
+        elif self.cfg.source == "auto" and target and not named:
             try:
                 self._load_hub(*target)
                 self.route = "hub"
                 log.info("task %s: no local file %s; data from the hub: %s", self.name, path, target[0])
                 return self.route
             except Exception as err:  # noqa: BLE001 - offline, not cached, no such id/config/split: next route
-                hub = " ".join(f"{type(err).__name__}: {err}".split())[:240]
+                hub = _HUB_FAILED[target] = " ".join(f"{type(err).__name__}: {err}".split())[:240]
                 log.warning("task %s: hub route failed (%s)", self.name, hub)
         package = None
         if self.package and not named:

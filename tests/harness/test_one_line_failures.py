@@ -235,3 +235,13 @@ def test_model_tiny_runs_the_default_task(tmp_path):
     assert row is not None and row["n_prompts"] == 2 and row["task"]["name"] == "gsm8k" and row["n_skipped"] == 0
     assert compose_job(["model=tiny", "task.few_shot=2"]).task.few_shot == 2
     assert compose_job(["model=smollm2"]).task.few_shot == 4  # control: other pairs keep the task's default
+
+
+def test_the_comparisons_eta_starts_after_loading():
+    """60 s of loading, then 2 s per prompt: after prompt 3 of 10, 14 s are left (not 7 x 64/3 s)."""
+    from mtad.harness.compare import Eta
+
+    times = iter([0.0, 62.0, 64.0, 66.0])
+    eta = Eta(clock=lambda: next(times))
+    assert "loading included" in eta.line(1, 10)
+    assert eta.line(2, 10).endswith("~16 s left)") and eta.line(3, 10).endswith("~14 s left)")

@@ -31,6 +31,7 @@ def hub(monkeypatch, rows_by_split: dict | None = None) -> list:
         return rows_by_split[split]
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr("mtad.tasks.sources._HUB_FAILED", {})  # hub failures remembered by earlier tests
     return calls
 
 
@@ -168,3 +169,19 @@ def test_the_shipped_copy_matches_the_shared_folder():
         pytest.skip(f"real data not found at {REAL_DATA}")
     for name, (file, _, _) in SHIPPED.items():
         assert (SHIPPED_DIR / name / file).read_bytes() == (REAL_DATA / name / file).read_bytes()
+
+
+def test_a_failed_hub_route_is_tried_once_per_process(monkeypatch, no_data):
+    """Offline, each decoder of a comparison builds its own task: the hub is tried once (each try costs ~20 s
+    of retries), the later tasks fail with the same line at once. Control: another split is tried."""
+    calls = hub(monkeypatch)
+    errors = []
+    for _ in range(3):
+        with pytest.raises(FileNotFoundError) as err:
+            get_task(TaskConfig(name="gsm8k", n_prompts=2)).samples()
+        errors.append(str(err.value))
+    assert calls == [("openai/gsm8k", ("main",), "test")] and len(set(errors)) == 1
+    assert "OfflineModeIsEnabled" in errors[0]
+    with pytest.raises(FileNotFoundError):
+        get_task(TaskConfig(name="gsm8k", split="train", n_prompts=2)).samples()
+    assert calls[-1] == ("openai/gsm8k", ("main",), "train")
