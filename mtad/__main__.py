@@ -102,8 +102,7 @@ def _drop_failed_run_dir() -> None:
 
 def _interrupted(err: BaseException | None = None) -> None:
     how, status = ("terminated (SIGTERM)", 143) if isinstance(err, Terminated) else ("interrupted", 130)
-    print(f"mtad: {how}: no row was written for the run in progress (rows already appended stay; a rerun "
-          f"runs what is missing)", file=sys.stderr)
+    print(f"mtad: {how}: no row was written for the run in progress (rows already appended stay)", file=sys.stderr)
     sys.exit(status)
 
 

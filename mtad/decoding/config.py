@@ -23,7 +23,7 @@ FINITE_RANGES = {"temperature": "T >= 0", "top_p": "0 < top_p <= 1", "tau": "0 <
 # Below these a value underflows in float32 arithmetic (logits / T overflows; a probability rounds to 0) and the
 # decode ends in NaN after the model has loaded: refused up front (docs/RUNNING.md, "When something is wrong").
 MIN_TEMPERATURE = 1e-6  # T is 0 (greedy) or at least this
-MIN_PROBABILITY = 1e-30  # top_p, block_top_p, tau are at least this
+MIN_PROBABILITY = 1e-30  # top_p, block_top_p are at least this (a nucleus below it keeps nothing)
 HASH_LATE_KEYS = ("proposer", "ngram_max", "typical_threshold", "typical_alpha", "fuzzy_divergence",
                   "fuzzy_threshold")
 
@@ -68,9 +68,9 @@ class DecoderConfig:
         if self.max_new_tokens < 1:
             bad("max_new_tokens", "an integer >= 1")
         if self.temperature < 0 or 0 < self.temperature < MIN_TEMPERATURE:
-            bad("temperature", f"T = 0 (greedy argmax) or T >= {MIN_TEMPERATURE:g} (smaller T overflows float32 "
-                               "logits)")
-        for key in ("top_p", "block_top_p", "tau"):
+            bad("temperature", f"T >= 0: 0 (greedy argmax) or at least {MIN_TEMPERATURE:g} (a smaller T overflows "
+                               "float32 logits)")
+        for key in ("top_p", "block_top_p"):
             if 0 < getattr(self, key) < MIN_PROBABILITY:
                 bad(key, f"{key} >= {MIN_PROBABILITY:g} (smaller values round to 0 in float32; top_k=1 keeps one "
                          "token)")

@@ -5,20 +5,24 @@ written, SIGTERM (``scancel``) taken like Ctrl-C.
 - :func:`check_overrides`: every ``group=option`` names a file of ``conf/<group>/`` (every value of a
   comma sweep), and the config composes with the first value of each sweep (unknown keys, bad types).
 - :func:`hydra_error_line`: a Hydra composition error as one line.
-- :func:`writable_dir` / :func:`writable_file`: an output path of a long job is usable before the job starts
-  (the missing parent folders are created; nothing that exists is touched).
+- :func:`mtad._util.io.writable_dir` / :func:`mtad._util.io.writable_file` (re-exported here): an output path
+  of a long job is usable before the job starts (the missing parent folders are created; nothing is touched).
 - :func:`terminate_like_interrupt`: SIGTERM raises :class:`Terminated`, a ``KeyboardInterrupt``, so the
   paths that clean up after Ctrl-C (the sandbox stopped, a partial run directory dropped, no half row) run.
 """
 from __future__ import annotations
 
-import os
 import signal
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf.errors import OmegaConfBaseException
+
+from mtad._util.io import writable_dir, writable_file  # noqa: F401 - the entry points' output checks
 from mtad._util.paths import REPO_ROOT
+from mtad.harness.config import experiment_name, register_configs
 
 CONF = REPO_ROOT / "conf"
 # flags of Hydra's command line after which the overrides cannot be checked against conf/ (another config)
@@ -48,8 +52,6 @@ def options(group: str) -> list[str]:
 def hydra_error_line(err: BaseException) -> str:
     """One line for a Hydra/OmegaConf composition error: an unknown option of a group names the group's
     options; otherwise the first line of each message down the cause chain."""
-    from hydra.errors import MissingConfigException
-
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and "/" in err.missing_cfg_file:
         group, name = err.missing_cfg_file.rsplit("/", 1)
         if options(group):
@@ -68,9 +70,6 @@ def hydra_error_line(err: BaseException) -> str:
 
 
 def _parsed(overrides: Sequence[str]):
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     try:
         return OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as err:
@@ -116,12 +115,6 @@ def check_overrides(overrides: Sequence[str], compose: bool = True) -> None:
 
 
 def _compose(overrides: list[str]) -> None:
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from mtad.harness.config import experiment_name, register_configs
-
     register_configs()
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -136,34 +129,3 @@ def cli_overrides(argv: Sequence[str]) -> list[str] | None:
     if any(a.split("=")[0] in OTHER_CONFIG for a in argv):
         return None
     return [a for a in argv if "=" in a and not a.startswith("-")]
-
-
-def writable_dir(path: str | Path, what: str) -> Path:
-    """``path`` as a folder this process can write into (created with its parents when missing); else a
-    ValueError naming ``what`` (the option) and the fix. Nothing that exists is changed."""
-    path = Path(path).expanduser()
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{what} {path} is a file, not a folder: give a folder")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".mtad-write-check-"):
-            pass
-    except OSError as err:
-        raise ValueError(f"{what} {path} cannot be written ({err.strerror or err}): give a folder you can "
-                         f"write") from None
-    return path
-
-
-def writable_file(path: str | Path, what: str) -> Path:
-    """``path`` as a file this process can create or replace (its folder created when missing); else a
-    ValueError. The file itself is not created."""
-    path = Path(path).expanduser()
-    if len(path.name.encode()) > 255:
-        raise ValueError(f"{what} {path.name[:40]!r}... is a {len(path.name.encode())}-byte file name: a file name "
-                         f"holds at most 255 bytes; give a shorter one")
-    if path.is_dir():
-        raise ValueError(f"{what} {path} is a folder: give a file name")
-    writable_dir(path.parent if str(path.parent) else Path("."), f"{what}'s folder")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise ValueError(f"{what} {path} cannot be written (read-only): give another file")
-    return path

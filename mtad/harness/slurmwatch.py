@@ -98,6 +98,12 @@ class SlurmPendingWatch(Callback):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def __getstate__(self) -> dict:  # a launcher pickles its callbacks into each job: no thread, no lock
+        return {"poll_s": self.poll_s}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         launcher = config.hydra.launcher
         if "SlurmLauncher" not in str(launcher.get("_target_", "")) or os.environ.get("SLURM_JOB_ID"):

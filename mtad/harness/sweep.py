@@ -42,6 +42,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from mtad._util.paths import REPO_ROOT
+from mtad.harness.clicheck import hydra_error_line
 from mtad.harness.config import experiment_name, register_configs
 from mtad.harness.profile import profile_command
 from mtad.harness.runner import run, run_interleaved
@@ -158,8 +159,6 @@ def compose_job(job: Sequence[str]):
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
-
-    from mtad.harness.clicheck import hydra_error_line
 
     register_configs()
     try:

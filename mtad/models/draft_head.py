@@ -19,6 +19,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from mtad._util.io import read_safetensors
+
 HEAD_MODES = ("full", "int8", "reduced", "reduced_int8")
 HEAD_FILE = "head.safetensors"
 FILL = -1.0e4  # logit of a token outside the kept vocabulary: probability exactly 0 after softmax
@@ -91,8 +93,6 @@ class DraftHead(nn.Module):
 
 def read_head_file(path: Path) -> dict:
     """``kept_ids`` (N,) and, if present, ``bias`` (N,) from a draft directory's head.safetensors."""
-    from mtad._util.io import read_safetensors
-
     f = Path(path) / HEAD_FILE
     if not f.is_file():
         raise FileNotFoundError(f"{f} is missing: this draft has no reduced head; use model.draft_head=full or int8, "

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
 from mtad._util.cfg import field_values
+from mtad._util.io import read_safetensors
 from mtad._util.paths import REPO_ROOT
 from mtad.models import smollm2
 from mtad.models.draft_head import HEAD_MODES, install_head
@@ -354,8 +355,6 @@ def load_tied_draft(path: Path, target, dtype: str = "float32", attn_implementat
     """A draft saved without its embedding (``mtad.train.export.export``), re-tied to ``target``'s embedding/head."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from mtad._util.io import read_safetensors
 
     path = Path(path)
     weights = path / "model.safetensors"

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mtad._util.io import writable_dir
 from mtad.measure.metrics import distinct_n
 from mtad.report.stats import CONFIDENCE, N_RESAMPLES, SEED, read_samples, resolve_run_dir
 
@@ -268,8 +269,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if not a.results.is_file():
             raise ValueError(f"{a.results} is not a file: give a results file (results/<experiment>.jsonl)")
-        from mtad.harness.clicheck import writable_dir
-
         out = writable_dir(a.out or a.results.parent / "tables", "--out")  # before the resampling, not after
         rows = read_rows(a.results)
         by_pair = points(rows, a.task, [a.results.parent], a.resamples)

@@ -21,9 +21,10 @@ import torch
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
+from mtad._util.io import writable_dir, writable_file
 from mtad._util.paths import REPO_ROOT
 from mtad.decoding import DecoderConfig
-from mtad.harness.clicheck import terminate_like_interrupt, writable_dir, writable_file
+from mtad.harness.clicheck import terminate_like_interrupt
 from mtad.harness.rows import environment_info, git_info
 from mtad.harness.sweep import compose_job
 from mtad.models.load import ModelConfig, load_pair
