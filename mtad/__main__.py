@@ -6,7 +6,11 @@ In a multirun a bad job does not stop the sweep: its error goes to the log, to s
 ``error.json`` in its job directory, the remaining jobs run, and the whole multirun exits with status 2
 at the end, listing the failed jobs. (Only the local launcher's jobs share this process; with a remote
 launcher, e.g. SLURM, each job's ``error.json`` is the record.) Ctrl-C ends the run with one line and exit
-status 130, no traceback; an interrupted run appends no row (appends are atomic).
+status 130, no traceback; an interrupted run appends no row (appends are atomic). SIGTERM (``scancel``,
+``kill``) is handled the same way, with exit status 143: a rerun finishes the runs that were missing.
+
+Before Hydra starts, the command line's ``group=option`` and ``key=value`` overrides are checked against
+``conf/`` (:func:`mtad.harness.clicheck.check_overrides`): a misspelt option or key is one line, exit 2.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from mtad.harness.clicheck import Terminated, check_overrides, cli_overrides, terminate_like_interrupt
 from mtad.harness.config import register_configs
 from mtad.harness.progress import summary_table
 from mtad.harness.rundir import remove_failed_run
@@ -34,15 +39,16 @@ _FAILED_JOBS: list[str] = []  # one line per failed multirun job of this process
 def main(cfg: DictConfig) -> None:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
+    terminate_like_interrupt()  # also in a launcher's job process (a SLURM job: scancel sends SIGTERM)
     try:
         with logging_redirect_tqdm():  # log lines above the progress bar, not through it
             row = run(cfg)
         if row is not None:
             print(summary_table(row))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         if not _is_multirun():
             _drop_failed_run_dir()
-        _interrupted()
+        _interrupted(err)
     except Exception as err:
         multirun = _is_multirun()
         if not isinstance(err, BAD_INPUT) and not multirun:
@@ -94,18 +100,32 @@ def _drop_failed_run_dir() -> None:
         log.debug("removed what the failed run created: %s", ", ".join(map(str, removed)))
 
 
-def _interrupted() -> None:
-    print("mtad: interrupted: no row was written for the run in progress (rows already appended stay)",
-          file=sys.stderr)
-    sys.exit(130)
+def _interrupted(err: BaseException | None = None) -> None:
+    how, status = ("terminated (SIGTERM)", 143) if isinstance(err, Terminated) else ("interrupted", 130)
+    print(f"mtad: {how}: no row was written for the run in progress (rows already appended stay)", file=sys.stderr)
+    sys.exit(status)
+
+
+def _check_command_line(argv: list[str]) -> None:
+    """One ``mtad: error:`` line and exit 2 for an override naming no option or key of ``conf/``."""
+    overrides = cli_overrides(argv)
+    if overrides is None or any(a in ("-h", "--help", "--hydra-help") for a in argv):
+        return
+    try:
+        check_overrides(overrides)
+    except ValueError as err:
+        print(f"mtad: error: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 def cli() -> None:
     """``main`` plus the multirun's exit status: 2 when any job failed on bad input."""
+    terminate_like_interrupt()
     try:
+        _check_command_line(sys.argv[1:])
         main()
-    except KeyboardInterrupt:  # outside a job (Hydra composing, launching)
-        _interrupted()
+    except KeyboardInterrupt as err:  # outside a job (Hydra composing, launching)
+        _interrupted(err)
     if _FAILED_JOBS:
         print(f"mtad: error: {len(_FAILED_JOBS)} job(s) of the multirun failed (the others ran):",
               file=sys.stderr)

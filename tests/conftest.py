@@ -1,13 +1,30 @@
-"""Shared fixtures: tiny in-process model pairs (no files, no hub) and pytest markers.
+"""Shared fixtures: tiny in-process model pairs (no files, no hub), the test data folder and pytest markers.
+
+Task data: every test reads the committed synthetic rows in ``tests/fixtures/data`` (``MTAD_DATA_DIR`` is
+set there for the whole session, subprocesses included), so the suite needs no ``shared/`` folder and no
+download. Tests that check the real data sets use :mod:`realdata` (the folder ``MTAD_DATA_DIR`` or
+``../shared/data`` named before this file changed it) and skip with one line when it is absent.
 
 The session-scoped pairs are shared between tests: treat them as read-only (eval mode, no weight edits).
 """
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never touch the network
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _use_fixture_data() -> None:
+    """Remember the real data folder (for :mod:`realdata`), then point every task at the fixtures."""
+    from mtad._util.paths import default_data_dir
+
+    os.environ.setdefault("MTAD_TEST_REAL_DATA_DIR", str(default_data_dir()))
+    os.environ["MTAD_DATA_DIR"] = str(Path(__file__).resolve().parent / "fixtures" / "data")
+
+
+_use_fixture_data()
 
 import pytest  # noqa: E402
 
@@ -71,3 +88,15 @@ def smollm2_pair():
     path = resolve_local(DEFAULT_SMOLLM2_DRAFT)
     draft = DEFAULT_SMOLLM2_DRAFT if path is not None and (path / "model.safetensors").is_file() else None
     return load_pair(ModelConfig(name="smollm2", kind="smollm2", draft=draft, device="cpu", chat_template=True))
+
+
+@pytest.fixture
+def real_data_dir(monkeypatch):
+    """The real data folder, as ``MTAD_DATA_DIR`` for this test (tasks read the real sets); skips with one
+    line when it is absent (a fresh clone). Use as ``@pytest.mark.usefixtures("real_data_dir")``."""
+    from realdata import REAL_DATA
+
+    if not REAL_DATA.is_dir():
+        pytest.skip(f"real data folder not found at {REAL_DATA} (set MTAD_DATA_DIR; .ci/run has it)")
+    monkeypatch.setenv("MTAD_DATA_DIR", str(REAL_DATA))
+    return REAL_DATA

@@ -81,3 +81,47 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def read_safetensors(path: str | Path) -> dict:
+    """The tensors of a safetensors file; a truncated or corrupt file is a ValueError naming it (the library's
+    own error is a bare ``SafetensorError`` without the file's name)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except SafetensorError as err:
+        raise ValueError(f"{path} is not a readable safetensors file ({err}): the weights are corrupt or "
+                         f"truncated; re-export or restore that file (git checkout, make train-draft)") from None
+
+
+def writable_dir(path: str | Path, what: str) -> Path:
+    """``path`` as a folder this process can write into (created with its parents when missing); else a
+    ValueError naming ``what`` (the option) and the fix. Nothing that exists is changed."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{what} {path} is a file, not a folder: give a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".mtad-write-check-"):
+            pass
+    except OSError as err:
+        raise ValueError(f"{what} {path} cannot be written ({err.strerror or err}): give a folder you can "
+                         f"write") from None
+    return path
+
+
+def writable_file(path: str | Path, what: str) -> Path:
+    """``path`` as a file this process can create or replace (its folder created when missing); else a
+    ValueError. The file itself is not created."""
+    path = Path(path).expanduser()
+    if len(path.name.encode()) > 255:
+        raise ValueError(f"{what} {path.name[:40]!r}... is a {len(path.name.encode())}-byte file name: a file name "
+                         f"holds at most 255 bytes; give a shorter one")
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a folder: give a file name")
+    writable_dir(path.parent if str(path.parent) else Path("."), f"{what}'s folder")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{what} {path} cannot be written (read-only): give another file")
+    return path

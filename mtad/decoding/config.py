@@ -20,6 +20,10 @@ NGRAM_DECODERS = ("speculative", "mtad")  # decoders that take proposer=ngram (o
 FINITE_RANGES = {"temperature": "T >= 0", "top_p": "0 < top_p <= 1", "tau": "0 < tau <= 1",
                  "typical_threshold": "0 <= typical_threshold <= 1", "typical_alpha": "typical_alpha >= 0",
                  "block_top_p": "0 < block_top_p <= 1"}
+# Below these a value underflows in float32 arithmetic (logits / T overflows; a probability rounds to 0) and the
+# decode ends in NaN after the model has loaded: refused up front (docs/RUNNING.md, "When something is wrong").
+MIN_TEMPERATURE = 1e-6  # T is 0 (greedy) or at least this
+MIN_PROBABILITY = 1e-30  # top_p, block_top_p are at least this (a nucleus below it keeps nothing)
 HASH_LATE_KEYS = ("proposer", "ngram_max", "typical_threshold", "typical_alpha", "fuzzy_divergence",
                   "fuzzy_threshold")
 
@@ -63,8 +67,13 @@ class DecoderConfig:
             bad("eos_token_id", "null (the target's own) or a token id >= 0")
         if self.max_new_tokens < 1:
             bad("max_new_tokens", "an integer >= 1")
-        if self.temperature < 0:
-            bad("temperature", "T >= 0 (0 means greedy argmax)")
+        if self.temperature < 0 or 0 < self.temperature < MIN_TEMPERATURE:
+            bad("temperature", f"T >= 0: 0 (greedy argmax) or at least {MIN_TEMPERATURE:g} (a smaller T overflows "
+                               "float32 logits)")
+        for key in ("top_p", "block_top_p"):
+            if 0 < getattr(self, key) < MIN_PROBABILITY:
+                bad(key, f"{key} >= {MIN_PROBABILITY:g} (smaller values round to 0 in float32; top_k=1 keeps one "
+                         "token)")
         if self.top_k < 0:
             bad("top_k", "an integer >= 0 (0 keeps the whole vocabulary)")
         if not 0 < self.top_p <= 1:

@@ -51,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(decoders) < 2:
             raise ValueError(f"--decoders={args.decoders!r} names {len(decoders)} decoder(s): give at least two, "
                              "the first being the baseline (e.g. sampling,speculative,mtad)")
+        twice = sorted({d for d in decoders if decoders.count(d) > 1})
+        if twice:
+            raise ValueError(f"--decoders={args.decoders!r} names {', '.join(twice)} more than once: give each "
+                             "decoder once (each is one column of the table)")
         cfgs = configs(decoders, args.overrides)
         resolved = [OmegaConf.to_container(c, resolve=True) for c in cfgs]
         mcfg, why = resolve_alias(ModelConfig.from_any(resolved[0]["model"]))
@@ -59,10 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         tokens = resolved[0]["decoder"]["max_new_tokens"]
         print(f"decoding {n or 'all'} {resolved[0]['task']['name']} prompts x {tokens} "
               f"new tokens with {', '.join(decoders)} (interleaved, one thread)", flush=True)
-        t0 = time.perf_counter()
-        rows = run_interleaved(cfgs, on_prompt=lambda i, total: _progress(i, total, t0))
+        clock = Eta()
+        rows = run_interleaved(cfgs, on_prompt=clock.progress)
         results_file = Path(resolved[0].get("results_dir", "results")) / f"{experiment_name(resolved[0])}.jsonl"
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:  # OSError: a results folder that cannot be written, a full disk
         print(f"mtad.harness.compare: error: {err}", file=sys.stderr)
         return 2
     print(render(rows, decoders, search=[results_file.parent]))
@@ -70,10 +74,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _progress(i: int, total: int, t0: float) -> None:
-    elapsed = time.perf_counter() - t0
-    eta = elapsed / i * (total - i)
-    print(f"  prompt {i}/{total} done ({elapsed:.0f} s elapsed, ~{eta:.0f} s left)", file=sys.stderr, flush=True)
+class Eta:
+    """Progress lines whose time left is measured from the first prompt's end: loading the pair (and the
+    first prompt's warm-up) is not decoding, and would inflate every estimate."""
+
+    def __init__(self, clock=time.perf_counter) -> None:
+        self.clock, self.t0 = clock, clock()
+        self.first: float | None = None
+
+    def line(self, i: int, total: int) -> str:
+        now = self.clock()
+        if self.first is None or i <= 1:
+            self.first = now
+            return f"  prompt {i}/{total} done ({now - self.t0:.0f} s elapsed, loading included)"
+        eta = (now - self.first) / (i - 1) * (total - i)
+        return f"  prompt {i}/{total} done ({now - self.t0:.0f} s elapsed, ~{eta:.0f} s left)"
+
+    def progress(self, i: int, total: int) -> None:
+        print(self.line(i, total), file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------------------- table

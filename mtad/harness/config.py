@@ -61,12 +61,25 @@ RUN_RANGES = {"seed": (0, "an integer >= 0"), "warmup": (0, "an integer >= 0 (pr
               "num_threads": (0, "an integer >= 0 (0 leaves torch's default; try 1)")}
 
 
+MAX_NAME_BYTES = 255  # a file name on every common file system
+
+
+def run_name(name, experiment) -> str:
+    """``${mtad.run_name:${name},${experiment}}``: the run folder's name, ``name`` else ``experiment`` else
+    ``default`` (``name=null`` is unset, never the folder ``None``)."""
+    return str(name or experiment or "default")
+
+
 def experiment_name(cfg) -> str:
     """The results-file name of a resolved config: ``name`` if set, else ``experiment``; a ValueError unless it
     is a plain file name (``results/<name>.jsonl`` must stay inside ``results_dir``)."""
     key = "name" if cfg.get("name") else "experiment"
     value = cfg.get(key) or "default"
     text = str(value)
+    if len(f"{text}.jsonl".encode()) > MAX_NAME_BYTES:
+        raise ValueError(f"{key}={text[:40]!r}... is {len(text.encode())} bytes long: results go to "
+                         f"<results_dir>/<{key}>.jsonl and a file name holds at most {MAX_NAME_BYTES} bytes, so "
+                         f"use a name of at most {MAX_NAME_BYTES - 6} bytes")
     if "/" in text or "\\" in text or "\0" in text or text.strip(".") == "" or ".." in text:
         raise ValueError(f"{key}={text!r} is not a plain file name: results go to <results_dir>/<{key}>.jsonl, so "
                          f"use a name without '/', '\\' or '..' (choose the folder with results_dir=...)")
@@ -108,3 +121,4 @@ def register_configs() -> None:
     keeps run directories of jobs started in the same second apart; see ``conf/config.yaml``)."""
     ConfigStore.instance().store(name="base_config", node=RunConfig)
     OmegaConf.register_new_resolver("mtad.uid", run_uid, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("mtad.run_name", run_name, replace=True)

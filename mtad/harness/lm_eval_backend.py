@@ -202,6 +202,8 @@ def _load_preset(path: Path) -> dict:
     merged: dict = {}
     own = {k: v for k, v in node.items() if k != "defaults"}
     for entry in node.get("defaults", ["_self_"]):
+        if isinstance(entry, str) and "@" in entry:  # placed in another package (model=tiny's task settings)
+            continue
         merged.update(own if entry == "_self_" else _load_preset(path.parent / f"{entry}.yaml"))
     if "_self_" not in node.get("defaults", ["_self_"]):
         merged.update(own)

@@ -151,10 +151,16 @@ def load_results(path_or_dir: str | Path) -> list[dict]:
         if is_dir and file_rows and "config_hash" not in file_rows[0]:  # e.g. results/bench.jsonl
             log.info("skipping %s: not a file of run rows", f)
             continue
-        for row in file_rows:
+        for i, row in enumerate(file_rows, 1):
+            if not ROW_KEYS & set(row):
+                raise ValueError(f"{f}: row {i} is not a result row (keys {sorted(row)[:6]}; a row has "
+                                 f"{', '.join(sorted(ROW_KEYS))}): remove that line, or give a results file")
             check_version(row.get("schema_version"), f"a row of {f} (run_id {row.get('run_id')!r})")
             rows.append(row)
     return rows
+
+
+ROW_KEYS = {"config_hash", "run_id", "schema_version"}  # a JSON object with none of them is no result row
 
 
 def existing_hashes(path: str | Path) -> set[str]:

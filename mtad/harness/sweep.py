@@ -32,6 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,6 +42,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from mtad._util.paths import REPO_ROOT
+from mtad.harness.clicheck import hydra_error_line
 from mtad.harness.config import experiment_name, register_configs
 from mtad.harness.profile import profile_command
 from mtad.harness.runner import run, run_interleaved
@@ -152,11 +155,17 @@ def _check_preset(experiment: str) -> None:
 
 
 def compose_job(job: Sequence[str]):
+    """The composed config of one job's overrides; a misspelt group option or key is a one-line ValueError."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     register_configs()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
-        return compose("config", overrides=list(job))
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            return compose("config", overrides=list(job))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ValueError(hydra_error_line(err)) from None
 
 
 def reproduce(experiment: str, overrides: Sequence[str] = (), tables_dir: str | Path | None = None,
@@ -177,6 +186,7 @@ def reproduce(experiment: str, overrides: Sequence[str] = (), tables_dir: str | 
         bar = _bar(len(jobs), summary.experiment, progress)
         for group in (interleave_groups(jobs) if interleave else [[job] for job in jobs]):
             bar.set_postfix_str(" | ".join(_label(job, overrides) for job in group), refresh=True)
+            check_disk(results_file.parent, summary)
             _run_group(group, summary, results_file)
             bar.update(len(group))
             _stop_if_hopeless(summary)
@@ -208,6 +218,26 @@ def ensure_cost_profile(job: Sequence[str], frame, out_dir: Path, reps: int = 10
 
 
 ABORT_AFTER = 3  # identical failures, with nothing done yet, that stop the sweep
+MIN_FREE_MB = 200  # free disk space a sweep job needs for its records (MTAD_MIN_FREE_MB overrides)
+
+
+def free_mb(path: Path) -> float:
+    """Free space (MiB) on the file system that holds ``path`` (or its nearest existing parent)."""
+    probe = Path(path).absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free / 2**20
+
+
+def check_disk(results_dir: Path, summary: Summary) -> None:
+    """Before each job: a ValueError (one line, the sweep stops; rows already written stay and a rerun
+    resumes) when the disk of ``results_dir`` has less than ``MTAD_MIN_FREE_MB`` (default 200) MiB free."""
+    need = float(os.environ.get("MTAD_MIN_FREE_MB", MIN_FREE_MB))
+    free = free_mb(results_dir)
+    if free < need:
+        raise ValueError(f"only {free:.0f} MiB free on the disk of {results_dir} (a run needs {need:.0f}; "
+                         f"MTAD_MIN_FREE_MB sets it): free some space and rerun; the {summary.ran} runs done "
+                         f"this time are kept and the rerun skips them")
 
 
 def _stop_if_hopeless(summary: Summary) -> None:
@@ -331,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 done.append(reproduce(experiment, overrides, args.tables_dir, run_grid=not args.render_only,
                                       progress=not args.no_progress, cost_profile=not args.no_cost_profile,
                                       interleave=not args.no_interleave))
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:  # OSError: a results folder that cannot be written, a full disk
         print(f"mtad.harness.sweep: error: {err}", file=sys.stderr)
         return 2
     for s in done:

@@ -19,6 +19,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from mtad._util.io import read_safetensors
+
 HEAD_MODES = ("full", "int8", "reduced", "reduced_int8")
 HEAD_FILE = "head.safetensors"
 FILL = -1.0e4  # logit of a token outside the kept vocabulary: probability exactly 0 after softmax
@@ -91,13 +93,11 @@ class DraftHead(nn.Module):
 
 def read_head_file(path: Path) -> dict:
     """``kept_ids`` (N,) and, if present, ``bias`` (N,) from a draft directory's head.safetensors."""
-    from safetensors.torch import load_file
-
     f = Path(path) / HEAD_FILE
     if not f.is_file():
         raise FileNotFoundError(f"{f} is missing: this draft has no reduced head; use model.draft_head=full or int8, "
                                 "or export a draft trained with train_draft.head_vocab > 0")
-    t = load_file(str(f))
+    t = read_safetensors(f)
     if "kept_ids" not in t:
         raise ValueError(f"{f} holds no 'kept_ids' tensor")
     return {"kept_ids": t["kept_ids"].long(), "bias": t["bias"].float() if "bias" in t else None}

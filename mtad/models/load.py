@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
 from mtad._util.cfg import field_values
+from mtad._util.io import read_safetensors
 from mtad._util.paths import REPO_ROOT
 from mtad.models import smollm2
 from mtad.models.draft_head import HEAD_MODES, install_head
@@ -131,9 +132,15 @@ def resolve_alias(cfg: ModelConfig, bf16: Optional[bool] = None) -> tuple[ModelC
 def load_pair(cfg: "ModelConfig | Mapping[str, Any]") -> ModelPair:
     """Load target, draft and tokenizer; check that the draft speaks the target's vocabulary."""
     cfg, _ = resolve_alias(ModelConfig.from_any(cfg))
+    from safetensors import SafetensorError
+
     loader = {"hf": _load_hf, "tiny": _load_tiny, "smollm2": _load_smollm2}[cfg.kind]
-    pair = loader(cfg)
-    _cheaper_passes(cfg, pair)
+    try:
+        pair = loader(cfg)
+        _cheaper_passes(cfg, pair)
+    except SafetensorError as err:  # a corrupt file under transformers' own loader (model.kind=hf)
+        raise ValueError(f"a weights file of model.target={cfg.target!r} / model.draft={cfg.draft!r} is corrupt or "
+                         f"truncated ({err}): restore or re-download it") from None
     pair.info.update(_info(cfg, pair))
     _warn_slow_bf16(cfg, pair)
     return pair
@@ -347,7 +354,6 @@ def tie_to_target(draft, target) -> None:
 def load_tied_draft(path: Path, target, dtype: str = "float32", attn_implementation: str = "sdpa"):
     """A draft saved without its embedding (``mtad.train.export.export``), re-tied to ``target``'s embedding/head."""
     import torch
-    from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = Path(path)
@@ -367,7 +373,7 @@ def load_tied_draft(path: Path, target, dtype: str = "float32", attn_implementat
         else:
             draft = AutoModelForCausalLM.from_config(config, dtype=_dtype(dtype),
                                                      attn_implementation=attn_implementation)
-    missing, unexpected = draft.load_state_dict(load_file(str(weights)), strict=False)
+    missing, unexpected = draft.load_state_dict(read_safetensors(weights), strict=False)
     if unexpected or set(missing) - {"model.embed_tokens.weight", "lm_head.weight"}:
         raise ValueError(f"{weights} does not fit its config: missing {missing}, unexpected {unexpected}")
     draft = draft.to(target.get_input_embeddings().weight.device)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mtad._util.io import writable_dir
 from mtad.report.stats import (
     N_RESAMPLES,
     cell_key,
@@ -275,9 +276,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="output folder (default: <results folder>/tables)")
     p.add_argument("--resamples", type=int, default=N_RESAMPLES)
     a = p.parse_args(argv)
+    if a.resamples < 1:
+        p.error(f"--resamples={a.resamples} is out of range: an integer >= 1")
     try:
         if not a.results.is_file():
             raise ValueError(f"{a.results} is not a file: give a results file (results/<experiment>.jsonl)")
+        out = writable_dir(a.out or a.results.parent / "tables", "--out")  # before the resampling, not after
         rows = read_rows(a.results)
         by_pair = points(rows, a.task, [a.results.parent], a.resamples)
         if not by_pair:
@@ -286,7 +290,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError, UnicodeDecodeError) as err:
         print(f"mtad.report.frontier: error: {err}", file=sys.stderr)
         return 2
-    out = a.out or a.results.parent / "tables"
     for pair, pts in by_pair.items():
         hw = next((r.get("device_name") for r in rows if r.get("model", {}).get("name") == pair
                    and r.get("device_name")), "unknown hardware")

@@ -21,8 +21,10 @@ import torch
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
+from mtad._util.io import writable_dir, writable_file
 from mtad._util.paths import REPO_ROOT
 from mtad.decoding import DecoderConfig
+from mtad.harness.clicheck import terminate_like_interrupt
 from mtad.harness.rows import environment_info, git_info
 from mtad.harness.sweep import compose_job
 from mtad.models.load import ModelConfig, load_pair
@@ -75,10 +77,11 @@ def verifiers(args: argparse.Namespace, argv: Sequence[str]) -> list[Path]:
     models, results, pairing, t0 = None, [], {}, time.perf_counter()
     sha = git_info(REPO_ROOT)[0]  # the code that runs: read before the (long) study, not after
     rule_list = rules()
-    for task_name in args.tasks:
-        cfg = OmegaConf.to_container(compose_job([f"model={args.model}", f"task={task_name}",
-                                                  f"task.n_prompts={args.prompts}", "task.few_shot=0",
-                                                  "task.max_prompt_tokens=512", *args.overrides]), resolve=True)
+    configs = [OmegaConf.to_container(compose_job([f"model={args.model}", f"task={task_name}",
+                                                   f"task.n_prompts={args.prompts}", "task.few_shot=0",
+                                                   "task.max_prompt_tokens=512", *args.overrides]), resolve=True)
+               for task_name in args.tasks]  # every task's config before the first decodes: a typo is one line
+    for task_name, cfg in zip(args.tasks, configs):
         mcfg = ModelConfig(**cfg["model"])
         if not mcfg.draft:
             raise ValueError(f"model={args.model} has no draft: the study judges a draft model's blocks")
@@ -119,13 +122,30 @@ def render_raw(args: argparse.Namespace) -> list[Path]:
     return write([from_plain(d, rules()) for d in saved["tasks"]], saved["meta"], args)
 
 
+def check_outputs(args: argparse.Namespace) -> None:
+    """Where the study writes, checked before it runs (20-35 minutes): ``--out`` a writable folder (created
+    with its parents), ``--save-raw`` a file whose folder is created and writable, ``--render-raw`` a file."""
+    writable_dir(args.out, "--out")
+    stem = args.name or f"verifier_study-{args.model}"
+    writable_file(Path(args.out) / f"{stem}.jsonl", "--name")
+    if args.save_raw:
+        writable_file(args.save_raw, "--save-raw")
+    if args.render_raw and not Path(args.render_raw).is_file():
+        raise ValueError(f"--render-raw {args.render_raw} is not a file: give a file written with --save-raw")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    terminate_like_interrupt()
     try:
+        check_outputs(args)
         paths = render_raw(args) if args.render_raw else verifiers(args, argv)
-    except (ValueError, FileNotFoundError, HydraException) as err:  # Hydra: an unknown model or task name
+    except KeyboardInterrupt:
+        print("mtad.study: interrupted: nothing was written", file=sys.stderr)
+        return 130
+    except (ValueError, OSError, HydraException) as err:  # Hydra: an unknown model or task name
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"mtad.study: error: {first}", file=sys.stderr)
         return 2

@@ -1,11 +1,13 @@
-"""Where a task's data comes from (``task.source``): the local data folder, the Hugging Face hub, or a copy
+"""Where a task's data comes from (``task.source``): the local data folder, a copy shipped inside this
+repository (``mtad/tasks/data/``: the data no public source serves), the Hugging Face hub, or a copy
 shipped in a package.
 
 :class:`DataRoutes` is the part of :class:`mtad.tasks.base.Task` that finds the evaluated data once
-(:meth:`DataRoutes.find_route`): ``local`` files (``task.data_file`` or ``<data_dir>/<subdir>/<file>``),
-the ``hub`` (``task.hub_id`` or the task's own :class:`HubCopy`), or a ``package``'s copy; without data by
-any route, one FileNotFoundError names every route and what it needs. Reading and parsing the rows stays
-in :meth:`mtad.tasks.base.Task.read`; the row readers are in :mod:`mtad.tasks.records`.
+(:meth:`DataRoutes.find_route`): ``local`` files (``task.data_file`` or ``<data_dir>/<subdir>/<file>``,
+else the repository's own copy ``mtad/tasks/data/<subdir>/<file>`` where one is shipped), the ``hub``
+(``task.hub_id`` or the task's own :class:`HubCopy`), or a ``package``'s copy; without data by any route,
+one FileNotFoundError names every route and what it needs. Reading and parsing the rows stays in
+:meth:`mtad.tasks.base.Task.read`; the row readers are in :mod:`mtad.tasks.records`.
 """
 from __future__ import annotations
 
@@ -18,6 +20,19 @@ from mtad._util.paths import default_data_dir
 from mtad.tasks.records import hub_dataset, package_file
 
 log = logging.getLogger(__name__)
+
+SHIPPED_DIR = Path(__file__).resolve().parent / "data"  # small data sets no public source serves
+# hub loads that failed in this process, (id, config, split) -> the error's line: offline, each is tried once,
+# not once per decoder of a comparison (each try costs ~20 s of retries)
+_HUB_FAILED: dict[tuple, str] = {}
+
+
+def shipped_file(subdir: str, name: str | None) -> Path | None:
+    """``mtad/tasks/data/<subdir>/<name>`` when the repository ships that file (licence notes beside it)."""
+    if not subdir or not name:
+        return None
+    path = SHIPPED_DIR / subdir / name
+    return path if path.is_file() else None
 
 
 @dataclass(frozen=True)
@@ -67,7 +82,8 @@ class DataRoutes:
         return path
 
     def find_route(self, default_file: str | None) -> str:
-        """``local``, ``hub`` or ``package``: where the evaluated data is (``Task.read``); found once.
+        """``local``, ``hub`` or ``package``: where the evaluated data is (``Task.read``); found once. The
+        data folder's file comes first, then the repository's own copy (``local`` too), the hub, a package.
 
         An explicit ``task.data_dir`` / ``task.data_file`` names the files: it is the only route then
         (a typo must not turn into a download). ``task.source=local`` never tries the hub but, as before
@@ -82,15 +98,24 @@ class DataRoutes:
             self._path, self.route = path, "local"
             return self.route
         named = bool(self.cfg.data_dir or self.cfg.data_file)
+        shipped = None if named else shipped_file(self.subdir, default_file)
+        if shipped is not None:
+            self._path, self.route = shipped, "local"
+            log.info("task %s: no local file %s; using the copy shipped in the repository %s", self.name, path,
+                     shipped)
+            return self.route
         hub, target = None, self._hub_target(self.cfg.split)
-        if self.cfg.source == "auto" and target and not named:
+        if self.cfg.source == "auto" and target and not named and target in _HUB_FAILED:
+            hub = _HUB_FAILED[target]
+            log.info("task %s: hub route failed earlier in this process (%s); not tried again", self.name, hub)
+        elif self.cfg.source == "auto" and target and not named:
             try:
                 self._load_hub(*target)
                 self.route = "hub"
                 log.info("task %s: no local file %s; data from the hub: %s", self.name, path, target[0])
                 return self.route
             except Exception as err:  # noqa: BLE001 - offline, not cached, no such id/config/split: next route
-                hub = " ".join(f"{type(err).__name__}: {err}".split())[:240]
+                hub = _HUB_FAILED[target] = " ".join(f"{type(err).__name__}: {err}".split())[:240]
                 log.warning("task %s: hub route failed (%s)", self.name, hub)
         package = None
         if self.package and not named:

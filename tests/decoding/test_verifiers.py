@@ -449,6 +449,7 @@ def _published_hash_inputs(*extra: str):
     return {**resolved, "weights": weights, "data": data}, row
 
 
+@pytest.mark.usefixtures("real_data_dir")  # the published row hashed the real MT-Bench file
 def test_new_decoder_keys_keep_published_hashes(monkeypatch):
     from mtad.harness import rows as store
 

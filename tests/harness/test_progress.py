@@ -82,6 +82,7 @@ def test_default_config_is_the_main_job_on_the_embedded_pair():
     assert cfg.progress is True
 
 
+@pytest.mark.usefixtures("real_data_dir")  # the real GSM8K prompts' lengths
 def test_default_gsm8k_prompts_fit_the_embedded_tokenizer():
     """The failure this default fixes: with the byte-level tiny tokenizer every 4-shot GSM8K prompt was
     longer than max_prompt_tokens; with the embedded pair's tokenizer none is skipped."""

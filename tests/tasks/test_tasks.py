@@ -11,13 +11,15 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from mtad._util.paths import REPO_ROOT, default_data_dir
+from realdata import REAL_DATA
+
+from mtad._util.paths import REPO_ROOT
 from mtad.tasks import TASKS, Sample, TaskConfig, get_task
 from mtad.tasks.gsm8k import extract_answer, gold_answer
 from mtad.tasks.summarize import rouge
 
-DATA = default_data_dir()
-needs_data = pytest.mark.skipif(not (DATA / "gsm8k").is_dir(), reason=f"shared data not found at {DATA}")
+DATA = REAL_DATA
+needs_data = pytest.mark.usefixtures("real_data_dir")  # the real data sets; skips on a fresh clone
 
 
 @pytest.fixture(scope="module")
