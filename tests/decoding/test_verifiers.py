@@ -168,6 +168,22 @@ def test_block_zero_probabilities():
     assert n == 0 and torch.equal(nxt, P[0])
 
 
+def test_block_rejects_a_token_both_p_and_q_rule_out():
+    """p_1(a) = q_1(a) = 0 (a proposer that is not q, e.g. a future one): w_1 = 0 and h_1 = 0, so τ = 0 for any u;
+    the ratio 0/0 must not become NaN, which the den > 0 guard would turn into h = 1 (accept)."""
+    p, q = P.clone(), Q.clone()
+    p[0] = torch.tensor([0.0, 0.6, 0.4], dtype=torch.float64)
+    q[0] = torch.tensor([0.0, 0.5, 0.5], dtype=torch.float64)
+    w, h = block_weights(p, q, torch.tensor([a, b]))
+    assert torch.isfinite(w).all() and torch.isfinite(h).all()
+    assert float(w[0]) == 0.0 and float(h[0]) == 0.0 and float(h[1]) == 0.0
+    for u in (0.0, 0.5, 0.999):
+        n, nxt = block_accept(p, q, torch.tensor([a, b]), torch.full((2,), u, dtype=torch.float64))
+        assert n == 0 and nxt[a] == 0 and abs(float(nxt.sum()) - 1) < 1e-12
+    # control: the same draft with q_1(a) > 0 = p_1(a) is rejected too, and with p_1(a) > 0 it can pass
+    assert block_accept(P, Q, torch.tensor([a, b]), torch.zeros(2, dtype=torch.float64))[0] >= 1
+
+
 # ---- typical acceptance -------------------------------------------------------------------------------------
 def test_typical_worked_example():
     """T = 1: thr_1 = thr_2 = 0.09; every token passes at 1, only b and c at 2 (VERIFIERS.md §2)."""
