@@ -523,3 +523,42 @@ def test_runner_records_the_rule_and_loads_no_draft_for_ngram(tmp_path, monkeypa
     assert len({r["config_hash"] for r in rows}) == 3
     assert asked == ["no/such/draft", "no/such/draft", None]
     assert (tmp_path / "res" / "t.jsonl").read_text().count("\n") == 3
+
+
+# ---- the acceptance-profile export's method names (VERIFIERS.md §5) ---------------------------------------------
+def method_table(text: str) -> dict[tuple[str, str], str]:
+    """(decoder, proposer) -> `method` from the ``| decoder | proposer | `method` |`` table of VERIFIERS.md §5."""
+    rows, on = {}, False
+    for line in text.splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[:2] == ["decoder", "proposer"]:
+            on = True
+        elif on and len(cells) == 3 and not set(cells[0]) <= set("- "):
+            rows[cells[0], cells[1]] = cells[2]
+        elif on and not line.strip().startswith("|"):
+            break
+    return rows
+
+
+def method_problems(text: str) -> list[str]:
+    """Every drafted decoder with every proposer it takes is in the table, with the name the export writes."""
+    from mtad.decoding.config import NGRAM_DECODERS
+    from mtad.decoding.core import NEEDS_DRAFT
+    from mtad.report.speculation import method_name
+
+    table = method_table(text)
+    want = {(d, p) for d in NEEDS_DRAFT for p in ("draft", "ngram") if p == "draft" or d in NGRAM_DECODERS}
+    out = [f"{k} missing from the table" for k in sorted(want - set(table))]
+    for (d, p), m in sorted(table.items()):
+        got = method_name({"decoder": {"name": d, "proposer": p}})
+        if got != m:
+            out.append(f"decoder={d} proposer={p}: the doc says {m!r}, the export writes {got!r}")
+    return out
+
+
+def test_profile_method_names_match_the_doc():
+    text = (REPO_ROOT / "docs" / "VERIFIERS.md").read_text()
+    assert method_problems(text) == []
+    # controls: the old wording's name for MTAD on n-gram drafts, and a missing row, are caught
+    assert method_problems(text.replace("| mtad | ngram | `ngram_mtad` |", "| mtad | ngram | `mtad` |"))
+    assert method_problems(text.replace("| mmtad | draft | `mmtad` |\n", ""))
