@@ -13,6 +13,7 @@ draw that a decoder combines lives on that one device; a decoder creates index t
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Callable, Sequence
@@ -22,6 +23,7 @@ import torch
 from mtad.decoding.config import DecoderConfig
 from mtad.decoding.filter import canonical_device, draw, filter_probs
 from mtad.decoding.kv import Rows, Session, Stats, check_tree_support
+from mtad.decoding.propose import PROPOSERS
 from mtad.decoding.result import DecodeResult
 
 log = logging.getLogger(__name__)
@@ -31,16 +33,22 @@ DECODERS: dict[str, Decoder] = {}
 NEEDS_DRAFT: set[str] = set()
 NEEDS_TREE: dict[str, tuple[str, ...]] = {}  # decoder -> roles whose model must take a 4D tree mask
 CHECKS: dict[str, Callable[..., None]] = {}  # decoder -> check(models, cfg) run before any work
+READS: dict[str, Callable[[DecoderConfig], tuple[str, ...]]] = {}  # decoder -> the config keys it reads, for cfg
+# every decoder reads these (greedy ignores the filter, ALGORITHMS.md §1), so a row may always record them as set
+SHARED_KEYS = ("name", "max_new_tokens", "temperature", "top_k", "top_p", "gamma", "eos_token_id")
 ROWS: dict[str, Decoder] = {}  # decoder -> its loop over a Batch of prompts (generate on a list of prompts)
 ROW_CHECKS: dict[str, Callable[..., None]] = {}  # decoder -> check(cfg) for batches of more than one prompt
 
 
-def register(name: str, draft: bool = False, tree: tuple[str, ...] = (), check: Callable[..., None] | None = None):
+def register(name: str, draft: bool = False, tree: tuple[str, ...] = (), check: Callable[..., None] | None = None,
+             reads: Callable[[DecoderConfig], tuple[str, ...]] = lambda cfg: ()):
     """Register a decoder under ``name`` (the stable ``decoder.name`` key of results); ``check(models, cfg)``
-    refuses a call the decoder cannot serve before any work, so the core never names a decoder."""
+    refuses a call the decoder cannot serve before any work, so the core never names a decoder; ``reads(cfg)``
+    names the config keys beyond :data:`SHARED_KEYS` that it reads with ``cfg`` (:func:`unread_keys`)."""
 
     def wrap(fn: Decoder) -> Decoder:
         DECODERS[name] = fn
+        READS[name] = reads
         if draft:
             NEEDS_DRAFT.add(name)
         if tree:
@@ -63,6 +71,35 @@ def register_rows(name: str, check: Callable[..., None] | None = None):
         return fn
 
     return wrap
+
+
+def needs_draft(cfg: DecoderConfig) -> bool:
+    """The call drafts with the pair's draft model: a drafted decoder whose proposer is a model (not prompt
+    lookup). The one answer to "load, fingerprint and check a draft?" for decoding and the harness."""
+    return cfg.name in NEEDS_DRAFT and PROPOSERS[cfg.proposer].model
+
+
+def unread_keys(cfg: DecoderConfig) -> dict[str, object]:
+    """The settings of ``cfg`` away from their defaults that its decoder does not read (they cannot change
+    what it decodes)."""
+    read = set(SHARED_KEYS) | set(READS[cfg.name](cfg)) if cfg.name in READS else set(SHARED_KEYS)
+    base = DecoderConfig()
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+            if f.name not in read and getattr(cfg, f.name) != getattr(base, f.name)}
+
+
+def check_keys(cfg: DecoderConfig) -> None:
+    """Refuse a setting the decoder does not read: its row would record and hash a variant that did not run
+    (``decoder=mtad decoder.accept=fuzzy`` decodes plain MTAD). The harness calls this before any work."""
+    unread = unread_keys(cfg)
+    if unread:
+        gates = [f"{k}={getattr(cfg, k)}" for k in ("accept", "proposer", "mode", "select")
+                 if k in READS[cfg.name](cfg)]
+        where = f"decoder={cfg.name}" + (f" ({', '.join(gates)})" if gates else "")
+        keys = ", ".join(f"decoder.{k}={v!r}" for k, v in unread.items())
+        raise ValueError(f"{keys} {'has' if len(unread) == 1 else 'have'} no effect with {where}, so the row would "
+                         f"record a setting that did not run: drop {'it' if len(unread) == 1 else 'them'} "
+                         "(ALGORITHMS.md, \"Keys each decoder reads\")")
 
 
 class PromptTooLong(ValueError):
@@ -99,7 +136,7 @@ class Run:
         A feature draft (``reads_target_features``, :mod:`mtad.models.feature_draft`) is linked to the target.
         With ``proposer: ngram`` no draft session is made (``draft`` is None) and a pair's draft stays unused."""
         target, draft = self.session(models.target, "target"), None
-        if self.cfg.proposer == "draft":
+        if needs_draft(self.cfg):
             draft = self.session(models.draft, "draft")
             if getattr(models.draft, "reads_target_features", False):
                 draft.link(target)
@@ -178,7 +215,7 @@ class Batch:
         K[b] the draft depth of row b, shortened so its block and bonus token fit; K[b] = 0 is a plain target
         step for that row within the same forward. ``draft`` is None with ``proposer: ngram``."""
         target = self.session(models.target, "target")
-        draft = self.session(models.draft, "draft") if self.cfg.proposer == "draft" else None
+        draft = self.session(models.draft, "draft") if needs_draft(self.cfg) else None
         while not self.done:
             runs = self.active(target, draft)
             yield target, draft, runs, [max(0, min(depth or self.cfg.gamma, r.remaining - 1)) for r in runs]
@@ -222,10 +259,10 @@ def check(models, prompt: list[int], cfg: DecoderConfig) -> None:
         raise ValueError(f"unknown decoder '{cfg.name}': valid decoders are {sorted(DECODERS)}")
     if not prompt:
         raise ValueError("empty prompt: generate needs at least one prompt token")
-    needs_draft = cfg.name in NEEDS_DRAFT and cfg.proposer == "draft"  # proposer=ngram: no draft model
-    if needs_draft and models.draft is None:
+    drafted = needs_draft(cfg)  # proposer=ngram: no draft model
+    if drafted and models.draft is None:
         raise ValueError(f"decoder '{cfg.name}' needs a draft model; use a model pair with a draft")
-    if needs_draft:
+    if drafted:
         vt, vd = vocab_size(models.target), vocab_size(models.draft)
         if vt != vd:
             raise ValueError(f"draft and target vocabularies differ (target {vt} tokens, draft {vd}): "
@@ -260,8 +297,7 @@ def check_rows(models, cfg: DecoderConfig, n: int) -> None:
                          f"(task.batch_size=1) or a decoder that batches: {sorted(ROWS)}")
     if cfg.name in ROW_CHECKS:
         ROW_CHECKS[cfg.name](cfg)
-    if models is not None and cfg.name in NEEDS_DRAFT and cfg.proposer == "draft" \
-            and getattr(models.draft, "reads_target_features", False):
+    if models is not None and needs_draft(cfg) and getattr(models.draft, "reads_target_features", False):
         raise ValueError(f"a feature draft decodes one prompt at a time, got a batch of {n}: use batch size 1 "
                          "(task.batch_size=1), a token draft, or proposer=ngram")
 

@@ -37,7 +37,8 @@ def verify_tree(target: Session, run, tree: BeamTree):
     return p, chain, node_idx, offset
 
 
-@register("mmtad", draft=True, tree=("target", "draft"))
+@register("mmtad", draft=True, tree=("target", "draft"),
+          reads=lambda cfg: ("beam_width", "replacement", "tau", "reference"))
 def mmtad(models, run, cfg, rng) -> None:
     """draft (beam tree, one draft cache) -> score (one target pass over all W·K nodes) ->
     accept (deepest depth with a node passing log p̃(path) - R_d > log tau) -> commit its path + bonus."""

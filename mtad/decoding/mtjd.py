@@ -64,7 +64,14 @@ def check_exhaustive(models, cfg) -> None:
         check_tree_support(models.target, "target")
 
 
-@register("mtjd", check=check_exhaustive)
+def reads(cfg) -> tuple[str, ...]:
+    """The keys ``mtjd`` reads: the mode, then the beam's (beam) or the tree's and the selection's (exhaustive)."""
+    if cfg.mode == "beam":
+        return ("mode", "beam_width", "replacement")
+    return ("mode", "select", "node_budget", *(("block_top_p",) if cfg.select == "nucleus" else ()))
+
+
+@register("mtjd", check=check_exhaustive, reads=reads)
 def mtjd(models, run, cfg, rng) -> None:
     """Each iteration emits a K-token block chosen from the target's joint block distribution."""
     target = run.session(models.target, "target")

@@ -36,7 +36,7 @@ def draft_tree(draft: Session, run, ks: list[int], rng):
     return tokens, parents, qs, cache_idx
 
 
-@register("specinfer", draft=True, tree=("target", "draft"))
+@register("specinfer", draft=True, tree=("target", "draft"), reads=lambda cfg: ("k_config",))
 def specinfer(models, run, cfg, rng) -> None:
     """draft (static token tree) -> score (one target pass) -> accept (multi-step speculative sampling
     down the tree) -> commit the accepted path + one token from p̃ (residual or bonus)."""

@@ -18,8 +18,9 @@ def block_weights(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> tuple[to
     """Block verification's w and h (VERIFIERS.md §1), each (K,).
 
     w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i)) with w_0 = 1 (q_i(x_i) = 0 gives w_i = 1 unless w_{i-1} or
-    p_i(x_i) is 0, and p_i(x_i) = q_i(x_i) = 0 gives w_i = 0, so h_i = 0: such a token is never accepted); h_i = ρ_i / (ρ_i + 1 - w_i) with ρ_i = Σ max(w_i p_{i+1} - q_{i+1}, 0) for i < K (1 when
-    the denominator is 0), and h_K = w_K."""
+    p_i(x_i) is 0, and p_i(x_i) = q_i(x_i) = 0 gives w_i = 0, so h_i = 0: such a token is never accepted);
+    h_i = ρ_i / (ρ_i + 1 - w_i) with ρ_i = Σ max(w_i p_{i+1} - q_{i+1}, 0) for i < K (1 when the denominator is
+    0), and h_K = w_K."""
     K = x.shape[0]
     j = torch.arange(K, device=p.device)
     px, qx = p[j, x], q[j, x]  # (K,)

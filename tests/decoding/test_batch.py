@@ -23,6 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import tinymodels as tm
 
 import mtad
+import mtad.decoding.propose as propose_mod
 import mtad.decoding.speculative as speculative_mod
 from mtad.decoding.filter import filter_probs
 from mtad.decoding.kv import Rows
@@ -282,6 +283,7 @@ def test_speculative_batch_is_lossless_per_row_and_independent(monkeypatch):
     assert stat < bound, f"rows 0 and 1 are not independent: chi2 {stat:.1f} >= {bound:.1f}"
 
     monkeypatch.setattr(speculative_mod, "draw", shared_draw)
+    monkeypatch.setattr(propose_mod, "draw", shared_draw)  # the draft chain's draws
     monkeypatch.setattr(speculative_mod, "uniform_rows", shared_uniform_rows)
     _, pairs = batch_counts()
     bad, _ = tm.chi_square(pairs, p1[:, None] * p1[None, :])

@@ -24,11 +24,11 @@ import tinymodels as tm
 import torch
 
 import mtad
-import mtad.decoding.speculative as speculative_mod
+import mtad.decoding.rules as rules_mod
+from mtad._util.late import LATE_KEYS
 from mtad._util.paths import REPO_ROOT
 from mtad.decoding import DecoderConfig
 from mtad.decoding.accept import speculative_accept
-from mtad.decoding.config import HASH_LATE_KEYS
 from mtad.decoding.filter import filter_probs
 from mtad.decoding.ngram import NgramLookup
 from mtad.decoding.verifiers import block_accept, block_weights, divergence, fuzzy_accept, typical_accept
@@ -367,7 +367,7 @@ def chi_squares(models, cfg: dict, prompt: list[int], seed: int = 1) -> list[tup
 def lossless_and_broken_fails(models, cfg, prompt, attr, broken, monkeypatch) -> None:
     for n, (ok, bound) in enumerate(chi_squares(models, cfg, prompt), 1):
         assert ok < bound, f"{n}-token joint: chi2 {ok:.1f} >= {bound:.1f}"
-    monkeypatch.setattr(speculative_mod, attr, broken)
+    monkeypatch.setattr(rules_mod, attr, broken)  # the accept-rule table's entry calls it by name
     for n, (bad, bound) in enumerate(chi_squares(models, cfg, prompt), 1):
         assert bad > bound, f"the broken {attr} passed the {n}-token test: chi2 {bad:.1f} <= {bound:.1f}"
 
@@ -469,12 +469,13 @@ def test_new_decoder_keys_keep_published_hashes(monkeypatch):
     from mtad.harness import rows as store
 
     resolved, row = _published_hash_inputs()
-    assert set(HASH_LATE_KEYS) <= set(resolved["decoder"])  # the new keys are in the resolved config
+    late = {k.split(".")[1] for k in LATE_KEYS if k.startswith("decoder.")}
+    assert late <= set(resolved["decoder"])  # the new keys are in the resolved config
     assert store.config_hash(resolved) == row["config_hash"]
     for override in ("decoder.proposer=ngram", "decoder.accept=block", "decoder.typical_alpha=0.5",
                      "decoder.fuzzy_threshold=0.1", "decoder.ngram_max=3"):
         assert store.config_hash(_published_hash_inputs(override)[0]) != row["config_hash"], override
-    monkeypatch.setattr(store, "HASH_LATE_KEYS", ())  # negative control: without the rule the old hash is lost
+    monkeypatch.setattr(store, "LATE_KEYS", {})  # negative control: without the rule the old hash is lost
     assert store.config_hash(resolved) != row["config_hash"]
 
 
