@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from mtad.decoding.beam import beam_block, beam_rows
-from mtad.decoding.core import register, register_rows, vocab_size
+from mtad.decoding.beam import beam_rows
+from mtad.decoding.core import register, vocab_size
 from mtad.decoding.filter import draw
 from mtad.decoding.propose import PROPOSERS
 from mtad.decoding.rules import RULES
@@ -23,36 +23,20 @@ def reads(cfg) -> tuple[str, ...]:
     return ("proposer", *JOINT.keys, *PROPOSERS[cfg.proposer].keys, *beam)
 
 
-@register("mtad", draft=True, reads=reads)
-def mtad(models, run, cfg, rng) -> None:
-    """draft (beam sampling on q, or the proposer's chain) -> score (one target pass) -> accept (longest
-    L_d > log tau) -> commit x̂_1..a + a bonus token from p̃ at position a+1 (no residual). Lossy by design."""
-    proposer, V = PROPOSERS[cfg.proposer], vocab_size(models.target)
-    state = proposer.table(cfg, run.eos) if proposer.table else None
-    for target, draft, K in run.blocks(models, rng):
-        if proposer.model:
-            x, q = beam_block(draft, run, K, rng)  # K ids, q̃(x̂_j) (K,)
-        else:
-            x, q = proposer.chain(state, draft, run, K, rng, V)  # K' <= K ids, one-hot (K', V)
-        p = run.filt(target.forward(run.pending(target) + x, keep=len(x) + 1))  # (K'+1, V)
-        a, nxt = JOINT.judge(p, q, torch.tensor(x, dtype=torch.long, device=run.device), None, cfg)
-        run.stats.record(len(x), a)
-        run.commit(x[:a] + [int(draw(nxt, rng))])
-
-
 def _check_rows(cfg) -> None:
     if not cfg.replacement and PROPOSERS[cfg.proposer].model:
         raise ValueError("decoder=mtad with replacement=false decodes one prompt at a time (rows may keep different "
                          "numbers of beams): use batch size 1 or replacement=true")
 
 
-@register_rows("mtad", check=_check_rows)
-def mtad_rows(models, batch, cfg, rng) -> None:
-    """``mtad`` on a batch: beams of every row in one draft forward per depth, one target pass for all rows;
-    each row accepts its own longest passing prefix and draws its own bonus token."""
+@register("mtad", draft=True, reads=reads, batches=True, batch_check=_check_rows)
+def mtad(models, batch, cfg, rng) -> None:
+    """draft (beam sampling on q, beams of every row in one draft forward per depth, or the proposer's chain)
+    -> score (one target pass for every row) -> accept (each row its longest L_d > log tau) -> commit x̂_1..a +
+    a bonus token from p̃ at position a+1 (no residual). Lossy by design."""
     proposer, V = PROPOSERS[cfg.proposer], vocab_size(models.target)
     states = proposer.states(cfg, batch.runs)  # one prompt-lookup table per row
-    for target, draft, runs, K in batch.blocks(models):
+    for target, draft, runs, K in batch.blocks(models, rng):
         if not proposer.model:
             x, q = proposer.rows(states, draft, batch, runs, K, rng, V)  # K'[b] <= K[b] ids, (B, max K', V)
         elif max(K):

@@ -2,7 +2,7 @@
 
 A :class:`Proposer` says whether it drafts with the pair's draft model (``model``: the runner loads and
 fingerprints the draft only then, :func:`mtad.decoding.core.needs_draft`), which decoder keys it reads, which
-decoders take it, and how it drafts a chain for one prompt (``chain``) and for the rows of a batch (``rows``).
+decoders take it, and how it drafts a chain for the rows of a batch (``rows``; a batch of one is one prompt).
 ``mtad`` with the draft model proposes by beam sampling instead (ALGORITHMS.md §5 step 1), its own draft step.
 
 - ``draft``: K tokens x̂_j ~ q̃ from the draft model, autoregressively (ALGORITHMS.md §3 step 1);
@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
-import torch.nn.functional as F
 
 from mtad.decoding.filter import draw
 from mtad.decoding.ngram import NgramLookup
 
 
 def draft_chain(draft, run, K: int, rng: torch.Generator) -> tuple[list[int], torch.Tensor]:
-    """K tokens x̂_j ~ q̃ autoregressively (K draft passes); returns them and q̃_1..K (K, V)."""
+    """K tokens x̂_j ~ q̃ autoregressively from one prompt's draft Session (K draft passes); returns them and
+    q̃_1..K (K, V). The verifier study's draw (:mod:`mtad.study.verifiers`); the decoders use :func:`draft_rows`."""
     ids, x, q = run.pending(draft), [], []
     for _ in range(K):
         q.append(run.filt(draft.forward(ids)[-1]))  # (V,)
@@ -33,7 +33,7 @@ def draft_chain(draft, run, K: int, rng: torch.Generator) -> tuple[list[int], to
 
 
 def draft_rows(draft, batch, K: list[int], rng: torch.Generator) -> tuple[list[list[int]], torch.Tensor]:
-    """:func:`draft_chain` for every row at once: max(K) draft passes; row b keeps its first K[b] tokens.
+    """K tokens x̂_j ~ q̃ autoregressively for every row at once: max(K) draft passes; row b keeps its first K[b].
     Returns the tokens per row and q̃ (B, max K, V)."""
     ids, x, q = batch.pending(draft), [], []
     for _ in range(max(K)):
@@ -46,15 +46,9 @@ def draft_rows(draft, batch, K: list[int], rng: torch.Generator) -> tuple[list[l
     return [row[:k] for row, k in zip(x, K)], torch.stack(q, 1)  # (B, max K, V)
 
 
-def ngram_chain(lookup: NgramLookup, run, K: int, V: int) -> tuple[list[int], torch.Tensor]:
-    """Up to K prompt-lookup tokens (none when nothing matches) and their one-hot q (K', V), VERIFIERS.md §4."""
-    x = lookup.propose(run.tokens, K)
-    return x, F.one_hot(torch.tensor(x, dtype=torch.long, device=run.device), V).float()  # (K', V)
-
-
 def ngram_rows(lookup: dict, runs, K: list[int], V: int, device) -> tuple[list[list[int]], torch.Tensor]:
-    """:func:`ngram_chain` for every row (``lookup``: id(run) -> its table): up to K[b] prompt-lookup tokens
-    each, one-hot q (B, max K', V)."""
+    """Up to K[b] prompt-lookup tokens per row (none when nothing matches; ``lookup``: id(run) -> its table)
+    and their one-hot q (B, max K', V), VERIFIERS.md §4."""
     x = [lookup[id(run)].propose(run.tokens, k) if k else [] for run, k in zip(runs, K)]
     q = torch.zeros(len(x), max(map(len, x)), V, device=device)  # (B, max K', V)
     for b, xb in enumerate(x):
@@ -69,8 +63,6 @@ class Proposer:
     keys: tuple[str, ...] = ()  # decoder config keys it reads
     decoders: Optional[tuple[str, ...]] = None  # the decoders that take it (None: every drafted decoder)
     table: Optional[Callable[[Any, set], Any]] = None  # (cfg, eos) -> one prompt's state (None: no state)
-    # (state, draft session, run, K, rng, V) -> (x, q (K', V)), K' <= K
-    chain: Callable[..., tuple[list[int], torch.Tensor]] = None  # type: ignore[assignment]
     # (states by id(run), draft rows, batch, runs, K per row, rng, V) -> (x per row, q (B, max K', V))
     rows: Callable[..., tuple[list[list[int]], torch.Tensor]] = None  # type: ignore[assignment]
 
@@ -81,10 +73,8 @@ class Proposer:
 
 PROPOSERS: dict[str, Proposer] = {p.name: p for p in (
     Proposer("draft", model=True,
-             chain=lambda state, draft, run, K, rng, V: draft_chain(draft, run, K, rng),
              rows=lambda states, draft, batch, runs, K, rng, V: draft_rows(draft, batch, K, rng)),
     Proposer("ngram", model=False, keys=("ngram_max",), decoders=("speculative", "mtad"),
              table=lambda cfg, eos: NgramLookup(cfg.ngram_max, eos),
-             chain=lambda state, draft, run, K, rng, V: ngram_chain(state, run, K, V),
              rows=lambda states, draft, batch, runs, K, rng, V: ngram_rows(states, runs, K, V, batch.device)),
 )}

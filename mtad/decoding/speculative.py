@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from mtad.decoding.core import register, register_rows, vocab_size
+from mtad.decoding.core import register, vocab_size
 from mtad.decoding.filter import draw, uniform, uniform_rows
 from mtad.decoding.propose import PROPOSERS, draft_chain  # noqa: F401  (draft_chain: the verifier study's draw)
 from mtad.decoding.rules import RULES
@@ -29,35 +29,22 @@ def reads(cfg) -> tuple[str, ...]:
     return ("accept", "proposer", *RULES[cfg.accept].keys, *PROPOSERS[cfg.proposer].keys)
 
 
-@register("speculative", draft=True, reads=reads)
-def speculative(models, run, cfg, rng) -> None:
-    """propose (``cfg.proposer``) -> score -> accept (``cfg.accept``) -> commit."""
-    proposer, V = PROPOSERS[cfg.proposer], vocab_size(models.target)
-    state = proposer.table(cfg, run.eos) if proposer.table else None
-    for target, draft, K in run.blocks(models, rng):
-        x, q = proposer.chain(state, draft, run, K, rng, V)  # K' <= K ids, (K', V)
-        p = run.filt(target.forward(run.pending(target) + x, keep=len(x) + 1))  # (K'+1, V)
-        n, nxt = verify(cfg, p, q, torch.tensor(x, dtype=torch.long, device=run.device), rng)
-        run.stats.record(len(x), n)
-        run.commit(x[:n] + [int(draw(nxt, rng))])
-
-
-@register_rows("speculative")
-def speculative_rows(models, batch, cfg, rng) -> None:
-    """``speculative`` on a batch: one draft pass and one target pass per iteration for every row; each row
-    verifies its own block with its own uniforms and commits its own number of tokens."""
-    proposer, V = PROPOSERS[cfg.proposer], vocab_size(models.target)
+@register("speculative", draft=True, reads=reads, batches=True)
+def speculative(models, batch, cfg, rng) -> None:
+    """propose (``cfg.proposer``) -> score (one target pass for every row) -> accept (``cfg.accept``, each row
+    its own block with its own uniforms) -> commit (each row its own number of tokens)."""
+    proposer, rule, V = PROPOSERS[cfg.proposer], RULES[cfg.accept], vocab_size(models.target)
     states = proposer.states(cfg, batch.runs)  # one prompt-lookup table per row
-    for target, draft, runs, K in batch.blocks(models):
+    for target, draft, runs, K in batch.blocks(models, rng):
         x, q = proposer.rows(states, draft, batch, runs, K, rng, V)  # K'[b] <= K[b] ids, (B, max K', V)
         k_max = max(map(len, x))
         p = batch.filt(target.forward([s + xb for s, xb in zip(batch.pending(target), x)], keep=k_max + 1))
-        u = uniform_rows(len(runs), k_max, rng)  # (B, max K): every row its own uniforms
+        u = uniform_rows(len(runs), k_max, rng) if rule.uniforms else None  # (B, max K): every row its own
         kept, nxt = [], []
         for b, (run, xb) in enumerate(zip(runs, x)):
             k = len(xb)
             n, dist = verify(cfg, p[b, k_max - k:], q[b, :k], torch.tensor(xb, dtype=torch.long, device=batch.device),
-                             rng, u[b, :k])  # p[b]'s last k+1 rows: row b's block and bonus
+                             rng, None if u is None else u[b, :k])  # p[b]'s last k+1 rows: row b's block and bonus
             if K[b]:
                 run.stats.record(k, n)
             kept.append(xb[:n])

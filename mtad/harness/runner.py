@@ -235,8 +235,7 @@ class Job:
         for start in range(0, len(prompts), size):
             group = prompts[start:start + size]
             try:
-                generate(pair, group if size > 1 else group[0], self.dec,
-                         torch.Generator(device=self.rng.device).manual_seed(12345))
+                generate(pair, group, self.dec, torch.Generator(device=self.rng.device).manual_seed(12345))
             except PromptTooLong:
                 pass
 
@@ -267,9 +266,8 @@ class Job:
             return records
         batched = task.cfg.batch_size > 1
         self.meter.start()
-        results = generate(pair, [p.ids for _, _, p in todo] if batched else todo[0][2].ids, dec, self.rng)
+        results = generate(pair, [p.ids for _, _, p in todo], dec, self.rng)  # a batch of one is one prompt
         energy = self.meter.stop()
-        results = results if batched else [results]
         wall = sum(r.wall_time_s for r in results)
         if batched:
             self.batch_s.append(wall)
