@@ -67,8 +67,7 @@ def run_cell(pair, prompts, dec: dict, B: int, seed: int) -> dict:
     t0 = time.perf_counter()
     for i in range(0, len(prompts), B):
         group = prompts[i:i + B]
-        out = generate(pair, group if B > 1 else group[0], dec, g)
-        for r in out if B > 1 else [out]:
+        for r in generate(pair, group, dec, g):  # a list of prompts, one of them included: one result each
             tokens += r.num_tokens
             forwards += r.target_forwards
             accepted += sum(r.accepted)

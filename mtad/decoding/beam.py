@@ -13,7 +13,7 @@ from typing import Callable, Optional
 import torch
 
 from mtad.decoding.filter import draw
-from mtad.decoding.kv import Rows, Session
+from mtad.decoding.kv import One, Rows
 
 # step(parent, tokens) feeds the newest beam tokens (W,) and returns the proposer's filtered
 # distributions for their next token (W, V); parent (W,) indexes the previous step's beams, None at depth 1.
@@ -75,19 +75,6 @@ def beam_sample(q1: torch.Tensor, step: Step, K: int, W: int, replacement: bool,
     return BeamTree(tokens, parents, q_toks, weight)
 
 
-def batched_step(session, filt: Callable[[torch.Tensor], torch.Tensor]) -> Step:
-    """Beams live in the cache's batch dimension; rows follow the beams' parents (``mtad``, ``mtjd``)."""
-
-    def step(parent, tokens):
-        if parent is None:
-            session.expand(tokens.shape[0])
-        else:
-            session.select(parent)
-        return filt(session.forward_beams(tokens))  # (W, V)
-
-    return step
-
-
 def tree_step(session, filt: Callable[[torch.Tensor], torch.Tensor], root: int) -> tuple[Step, list]:
     """Beams live as tree nodes of one cache (``mmtad``): each step's W nodes go in one forward with a
     tree mask. Returns the step and the list of cache indices per depth that it fills in."""
@@ -102,43 +89,34 @@ def tree_step(session, filt: Callable[[torch.Tensor], torch.Tensor], root: int) 
     return step, cache_idx
 
 
-def beam_block(proposer: Session, run, K: int, rng) -> tuple[list[int], torch.Tensor]:
-    """Beam-sample K tokens with W beams in the batch dimension; return the highest-weight beam and the
-    proposer's q̃ of each of its tokens (K,). The proposer's cache ends holding that beam's first K-1."""
-    q1 = run.filt(proposer.forward(run.pending(proposer))[-1])  # (V,)
-    tree = beam_sample(q1, batched_step(proposer, run.filt), K, run.cfg.beam_width, run.cfg.replacement, rng)
-    idx = tree.best()
-    x = [int(v) for v in tree.gather(idx, tree.tokens)]
-    if K > 1:
-        proposer.collapse(idx[-2], x[:-1])  # the row that holds the best beam's ancestors
-    return x, torch.tensor(tree.gather(idx, tree.q_tok), device=run.device)
-
-
-def rows_step(session: Rows, filt: Callable[[torch.Tensor], torch.Tensor], B: int, W: int) -> Step:
-    """Beams of B rows in the cache's batch dimension, W per row (``mtad`` on a batch): parent (B, W)."""
+def rows_step(session: Rows | One, filt: Callable[[torch.Tensor], torch.Tensor], B: int, W: int) -> Step:
+    """Beams of B rows in the cache's batch dimension, W per row: parent (B, W_s) indexes the previous step's
+    beams. A batch of one may keep fewer beams (without replacement): W_s = tokens.shape[-1]."""
 
     def step(parent, tokens):
         if parent is None:
-            session.expand(W)
+            session.expand(tokens.shape[-1])
         else:
             session.select((parent + W * torch.arange(B, device=parent.device)[:, None]).flatten().cpu())
-        return filt(session.forward_beams(tokens.flatten())).view(B, W, -1)  # (B, W, V)
+        return filt(session.forward_beams(tokens.flatten())).view(B, tokens.shape[-1], -1)  # (B, W_s, V)
 
     return step
 
 
-def beam_rows(proposer: Rows, batch, K: list[int], rng) -> tuple[list[list[int]], torch.Tensor]:
-    """:func:`beam_block` for every row: beam-sample max(K) tokens per row (W beams each, one forward per
-    depth for all rows); row b keeps the first K[b] tokens of its highest-weight beam. Returns them and the
-    proposer's q̃ of those tokens (B, max K). The proposer's cache ends holding each best beam's first max(K)-1
-    tokens. **[choice]** a row whose block is shortened near max_new_tokens takes a prefix of the deeper draw."""
+def beam_rows(proposer: Rows | One, batch, K: list[int], rng) -> tuple[list[list[int]], torch.Tensor]:
+    """Beam-sample max(K) tokens per row, W beams each in the cache's batch dimension (one forward per depth for
+    all rows); row b keeps the first K[b] tokens of its highest-weight beam. Returns them and the proposer's q̃
+    of those tokens (B, max K). The proposer's cache ends holding each best beam's first max(K)-1 tokens.
+    Without replacement (a batch of one only) a step may keep fewer beams. **[choice]** a row whose block is
+    shortened near max_new_tokens takes a prefix of the deeper draw."""
     q1 = batch.filt(proposer.forward(batch.pending(proposer))[:, -1])  # (B, V)
     B, W, k_max = q1.shape[0], batch.cfg.beam_width, max(K)
-    tree = beam_sample(q1, rows_step(proposer, batch.filt, B, W), k_max, W, True, rng)
+    tree = beam_sample(q1, rows_step(proposer, batch.filt, B, W), k_max, W, batch.cfg.replacement, rng)
     trees = [tree.row(b) for b in range(B)]
     best = [t.best() for t in trees]
+    full = [[int(v) for v in t.gather(idx, t.tokens)] for t, idx in zip(trees, best)]  # (B, max K)
     if k_max > 1:
-        proposer.select(torch.tensor([b * W + idx[-2] for b, idx in enumerate(best)]))
-    x = [[int(v) for v in t.gather(idx, t.tokens)][:k] for t, idx, k in zip(trees, best, K)]
+        proposer.keep_beams([b * W + idx[-2] for b, idx in enumerate(best)], [xb[:-1] for xb in full])
+    x = [xb[:k] for xb, k in zip(full, K)]
     q_x = torch.tensor([t.gather(idx, t.q_tok) for t, idx in zip(trees, best)], device=batch.device)  # (B, max K)
     return x, q_x

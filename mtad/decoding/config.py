@@ -11,12 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Optional
 
 from mtad._util.cfg import field_values
+from mtad.decoding.propose import PROPOSERS
+from mtad.decoding.rules import ACCEPT_RULES
 from mtad.decoding.verifiers import DIVERGENCES
 
-ACCEPT_RULES = ("lossless", "threshold", "block", "typical", "fuzzy")
-NGRAM_DECODERS = ("speculative", "mtad")  # decoders that take proposer=ngram (one chain, no tree)
-# Keys added after result rows were first written: left out of the config hash at their defaults, so such a
-# row is still found (mtad.harness.store.canonical_config). A key added later belongs here too.
+NGRAM_DECODERS = PROPOSERS["ngram"].decoders  # decoders that take proposer=ngram (one chain, no tree)
 FINITE_RANGES = {"temperature": "T >= 0", "top_p": "0 < top_p <= 1", "tau": "0 < tau <= 1",
                  "typical_threshold": "0 <= typical_threshold <= 1", "typical_alpha": "typical_alpha >= 0",
                  "block_top_p": "0 < block_top_p <= 1"}
@@ -24,8 +23,6 @@ FINITE_RANGES = {"temperature": "T >= 0", "top_p": "0 < top_p <= 1", "tau": "0 <
 # decode ends in NaN after the model has loaded: refused up front (docs/RUNNING.md, "When something is wrong").
 MIN_TEMPERATURE = 1e-6  # T is 0 (greedy) or at least this
 MIN_PROBABILITY = 1e-30  # top_p, block_top_p are at least this (a nucleus below it keeps nothing)
-HASH_LATE_KEYS = ("proposer", "ngram_max", "typical_threshold", "typical_alpha", "fuzzy_divergence",
-                  "fuzzy_threshold")
 
 
 @dataclass(frozen=True)
@@ -86,10 +83,12 @@ class DecoderConfig:
             bad("tau", "0 < tau <= 1")
         if self.accept not in ACCEPT_RULES:
             bad("accept", " | ".join(ACCEPT_RULES))
-        if self.proposer not in ("draft", "ngram"):
-            bad("proposer", "'draft' or 'ngram'")
-        if self.proposer == "ngram" and self.name not in NGRAM_DECODERS:
-            bad("proposer", f"'draft' with decoder={self.name} ('ngram' only with decoder=speculative or mtad)")
+        if self.proposer not in PROPOSERS:
+            bad("proposer", " or ".join(f"'{p}'" for p in PROPOSERS))
+        takers = PROPOSERS[self.proposer].decoders
+        if takers is not None and self.name not in takers:
+            bad("proposer", f"'draft' with decoder={self.name} ('{self.proposer}' only with decoder="
+                            f"{' or '.join(takers)})")
         if self.ngram_max < 1:
             bad("ngram_max", "an integer >= 1")
         if not 0 <= self.typical_threshold <= 1:

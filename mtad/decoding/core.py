@@ -1,7 +1,8 @@
 """The shared decode loop state, the decoder registry and :func:`generate`.
 
-Every decoder is ``fn(models, run, cfg, rng)``: it loops ``draft -> score -> accept -> commit`` until
-``run.done`` and reports through ``run.commit`` and ``run.stats``. :func:`generate` owns validation,
+Every decoder is ``fn(models, batch, cfg, rng)``, one loop over the rows of a :class:`Batch` (one prompt is a
+batch of one): it loops ``draft -> score -> accept -> commit`` until ``batch.done`` and reports through each
+row's ``run.commit`` and ``run.stats``. :func:`generate` owns validation,
 timing and the result record, so no decoder repeats them.
 
 **Device rule.** One ``generate`` call has one *decode device*: the device of its generator ``rng``
@@ -13,6 +14,7 @@ draw that a decoder combines lives on that one device; a decoder creates index t
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Callable, Sequence
@@ -21,7 +23,8 @@ import torch
 
 from mtad.decoding.config import DecoderConfig
 from mtad.decoding.filter import canonical_device, draw, filter_probs
-from mtad.decoding.kv import Rows, Session, Stats, check_tree_support
+from mtad.decoding.kv import One, Rows, Session, Stats, check_tree_support
+from mtad.decoding.propose import PROPOSERS
 from mtad.decoding.result import DecodeResult
 
 log = logging.getLogger(__name__)
@@ -31,16 +34,27 @@ DECODERS: dict[str, Decoder] = {}
 NEEDS_DRAFT: set[str] = set()
 NEEDS_TREE: dict[str, tuple[str, ...]] = {}  # decoder -> roles whose model must take a 4D tree mask
 CHECKS: dict[str, Callable[..., None]] = {}  # decoder -> check(models, cfg) run before any work
-ROWS: dict[str, Decoder] = {}  # decoder -> its loop over a Batch of prompts (generate on a list of prompts)
-ROW_CHECKS: dict[str, Callable[..., None]] = {}  # decoder -> check(cfg) for batches of more than one prompt
+READS: dict[str, Callable[[DecoderConfig], tuple[str, ...]]] = {}  # decoder -> the config keys it reads, for cfg
+# every decoder reads these (greedy ignores the filter, ALGORITHMS.md §1), so a row may always record them as set
+SHARED_KEYS = ("name", "max_new_tokens", "temperature", "top_k", "top_p", "gamma", "eos_token_id")
+BATCHES: dict[str, Callable[..., None] | None] = {}  # decoder that takes > 1 prompt -> its check(cfg) (or None)
 
 
-def register(name: str, draft: bool = False, tree: tuple[str, ...] = (), check: Callable[..., None] | None = None):
-    """Register a decoder under ``name`` (the stable ``decoder.name`` key of results); ``check(models, cfg)``
-    refuses a call the decoder cannot serve before any work, so the core never names a decoder."""
+def register(name: str, draft: bool = False, tree: tuple[str, ...] = (), check: Callable[..., None] | None = None,
+             reads: Callable[[DecoderConfig], tuple[str, ...]] = lambda cfg: (), batches: bool = False,
+             batch_check: Callable[..., None] | None = None):
+    """Register the decoder ``fn(models, batch, cfg, rng)`` under ``name`` (the stable ``decoder.name`` key of
+    results): its one loop over the rows of a :class:`Batch`, a batch of one being the one-prompt call.
+    ``check(models, cfg)`` refuses a call the decoder cannot serve before any work, so the core never names a
+    decoder; ``reads(cfg)`` names the config keys beyond :data:`SHARED_KEYS` that it reads with ``cfg``
+    (:func:`unread_keys`); ``batches``: it takes more than one prompt, except what ``batch_check(cfg)`` refuses
+    (decoders without it decode a batch of one, :attr:`Batch.one`)."""
 
     def wrap(fn: Decoder) -> Decoder:
         DECODERS[name] = fn
+        READS[name] = reads
+        if batches:
+            BATCHES[name] = batch_check
         if draft:
             NEEDS_DRAFT.add(name)
         if tree:
@@ -52,17 +66,33 @@ def register(name: str, draft: bool = False, tree: tuple[str, ...] = (), check: 
     return wrap
 
 
-def register_rows(name: str, check: Callable[..., None] | None = None):
-    """Register the batched loop of decoder ``name`` (``fn(models, batch, cfg, rng)`` over a :class:`Batch`);
-    ``check(cfg)`` refuses settings it cannot batch. Decoders without one decode one prompt at a time."""
+def needs_draft(cfg: DecoderConfig) -> bool:
+    """The call drafts with the pair's draft model: a drafted decoder whose proposer is a model (not prompt
+    lookup). The one answer to "load, fingerprint and check a draft?" for decoding and the harness."""
+    return cfg.name in NEEDS_DRAFT and PROPOSERS[cfg.proposer].model
 
-    def wrap(fn: Decoder) -> Decoder:
-        ROWS[name] = fn
-        if check is not None:
-            ROW_CHECKS[name] = check
-        return fn
 
-    return wrap
+def unread_keys(cfg: DecoderConfig) -> dict[str, object]:
+    """The settings of ``cfg`` away from their defaults that its decoder does not read (they cannot change
+    what it decodes)."""
+    read = set(SHARED_KEYS) | set(READS[cfg.name](cfg)) if cfg.name in READS else set(SHARED_KEYS)
+    base = DecoderConfig()
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+            if f.name not in read and getattr(cfg, f.name) != getattr(base, f.name)}
+
+
+def check_keys(cfg: DecoderConfig) -> None:
+    """Refuse a setting the decoder does not read: its row would record and hash a variant that did not run
+    (``decoder=mtad decoder.accept=fuzzy`` decodes plain MTAD). The harness calls this before any work."""
+    unread = unread_keys(cfg)
+    if unread:
+        gates = [f"{k}={getattr(cfg, k)}" for k in ("accept", "proposer", "mode", "select")
+                 if k in READS[cfg.name](cfg)]
+        where = f"decoder={cfg.name}" + (f" ({', '.join(gates)})" if gates else "")
+        keys = ", ".join(f"decoder.{k}={v!r}" for k, v in unread.items())
+        raise ValueError(f"{keys} {'has' if len(unread) == 1 else 'have'} no effect with {where}, so the row would "
+                         f"record a setting that did not run: drop {'it' if len(unread) == 1 else 'them'} "
+                         "(ALGORITHMS.md, \"Keys each decoder reads\")")
 
 
 class PromptTooLong(ValueError):
@@ -92,24 +122,6 @@ class Run:
     def done(self) -> bool:
         return self.stop_reason is not None
 
-    def blocks(self, models, rng: torch.Generator, depth: int | None = None):
-        """The speculative-family loop: creates the target and draft sessions of this call, then yields
-        ``(target, draft, K)`` once per iteration, where K is the draft depth (``depth`` or gamma) shortened
-        so the block and its bonus token fit. When no block fits, the tail is plain target steps.
-        A feature draft (``reads_target_features``, :mod:`mtad.models.feature_draft`) is linked to the target.
-        With ``proposer: ngram`` no draft session is made (``draft`` is None) and a pair's draft stays unused."""
-        target, draft = self.session(models.target, "target"), None
-        if self.cfg.proposer == "draft":
-            draft = self.session(models.draft, "draft")
-            if getattr(models.draft, "reads_target_features", False):
-                draft.link(target)
-        while not self.done:
-            K = min(depth or self.cfg.gamma, self.remaining - 1)
-            if K < 1:
-                self.sample_step(target, rng)
-                continue
-            yield target, draft, K
-
     def filt(self, logits: torch.Tensor) -> torch.Tensor:
         c = self.cfg
         return filter_probs(logits, c.temperature, c.top_k, c.top_p)
@@ -129,17 +141,15 @@ class Run:
         if self.stop_reason is None and self.remaining <= 0:
             self.stop_reason = "max_new_tokens"
 
-    def sample_step(self, target: Session, rng: torch.Generator) -> None:
-        """One plain target step: the autoregressive baseline, and the tail of every block decoder."""
-        p = self.filt(target.forward(self.pending(target))[-1])  # (V,)
-        self.commit([int(draw(p, rng))])
-
 
 class Batch:
-    """Several prompts decoded together: one :class:`Run` per row (its own tokens, stop rule and stats) and
-    :class:`mtad.decoding.kv.Rows` caches. Each iteration first drops the rows that stopped from every session
-    (:meth:`active`), so a finished row costs nothing more; rows never wait for each other.
-    Randomness: one generator, and every draw and uniform has a row dimension (B, ...), so rows are independent."""
+    """The prompts of one call, decoded together: one :class:`Run` per row (its own tokens, stop rule and stats).
+    Every decoder loops over a Batch; one prompt is a batch of one. Caches: :class:`mtad.decoding.kv.Rows` for
+    several rows, :class:`mtad.decoding.kv.One` (the one-prompt Session, with Rows' interface) for one, so that a
+    batch of one decodes exactly as a single prompt always has. Each iteration first drops the rows that
+    stopped from every session (:meth:`active`), so a finished row costs nothing more; rows never wait for each
+    other. Randomness: one generator, and every draw and uniform has a row dimension (B, ...), so rows are
+    independent."""
 
     def __init__(self, prompts: list[list[int]], cfg: DecoderConfig, eos: set[int], device="cpu"):
         self.runs = [Run(p, cfg, eos, device) for p in prompts]
@@ -149,7 +159,16 @@ class Batch:
     def done(self) -> bool:
         return all(r.done for r in self.runs)
 
-    def session(self, model, role: str) -> Rows:
+    @property
+    def one(self) -> Run:
+        """The only row (decoders that take one prompt at a time; :func:`check_rows` refuses more)."""
+        assert len(self.runs) == 1, "a decoder that takes one prompt at a time got a batch"
+        return self.runs[0]
+
+    def session(self, model, role: str) -> Rows | One:
+        """``model``'s cache for this call's rows; logits come back on the decode device."""
+        if len(self.runs) == 1:
+            return One(self.runs[0].session(model, role))
         return Rows(model, [r.stats for r in self.runs], role, out_device=self.device)
 
     def filt(self, logits: torch.Tensor) -> torch.Tensor:
@@ -173,17 +192,27 @@ class Batch:
         while not self.done:
             yield target, self.active(target)
 
-    def blocks(self, models, depth: int | None = None):
-        """The speculative-family loop (:meth:`Run.blocks` for rows): yields ``(target, draft, runs, K)`` with
-        K[b] the draft depth of row b, shortened so its block and bonus token fit; K[b] = 0 is a plain target
-        step for that row within the same forward. ``draft`` is None with ``proposer: ngram``."""
+    def blocks(self, models, rng: torch.Generator, depth: int | None = None):
+        """The speculative-family loop: creates the target and draft sessions of this call, then yields
+        ``(target, draft, runs, K)`` once per iteration, with K[b] the draft depth of row b (``depth`` or gamma)
+        shortened so its block and bonus token fit. K[b] = 0 is a plain target step for that row within the same
+        forward; a batch of one takes that step here, so a yielded K is >= 1 there. A feature draft
+        (``reads_target_features``, :mod:`mtad.models.feature_draft`) is linked to the target (one row only).
+        ``draft`` is None with a proposer that needs no model (``proposer: ngram``)."""
         target = self.session(models.target, "target")
-        draft = self.session(models.draft, "draft") if self.cfg.proposer == "draft" else None
+        draft = self.session(models.draft, "draft") if needs_draft(self.cfg) else None
+        if isinstance(draft, One) and getattr(models.draft, "reads_target_features", False):
+            draft.session.link(target.session)
         while not self.done:
             runs = self.active(target, draft)
-            yield target, draft, runs, [max(0, min(depth or self.cfg.gamma, r.remaining - 1)) for r in runs]
+            K = [max(0, min(depth or self.cfg.gamma, r.remaining - 1)) for r in runs]
+            if isinstance(target, One) and K[0] < 1:  # no block fits: the tail is plain target steps
+                self.sample_step(target, runs, rng)
+                continue
+            yield target, draft, runs, K
 
-    def sample_step(self, target: Rows, runs: list[Run], rng: torch.Generator) -> None:
+    def sample_step(self, target: Rows | One, runs: list[Run], rng: torch.Generator) -> None:
+        """One plain target step per row: the autoregressive baseline, and the tail of every block decoder."""
         p = self.filt(target.forward(self.pending(target))[:, -1])  # (B, V)
         self.commit(runs, draw(p, rng).tolist())
 
@@ -222,10 +251,10 @@ def check(models, prompt: list[int], cfg: DecoderConfig) -> None:
         raise ValueError(f"unknown decoder '{cfg.name}': valid decoders are {sorted(DECODERS)}")
     if not prompt:
         raise ValueError("empty prompt: generate needs at least one prompt token")
-    needs_draft = cfg.name in NEEDS_DRAFT and cfg.proposer == "draft"  # proposer=ngram: no draft model
-    if needs_draft and models.draft is None:
+    drafted = needs_draft(cfg)  # proposer=ngram: no draft model
+    if drafted and models.draft is None:
         raise ValueError(f"decoder '{cfg.name}' needs a draft model; use a model pair with a draft")
-    if needs_draft:
+    if drafted:
         vt, vd = vocab_size(models.target), vocab_size(models.draft)
         if vt != vd:
             raise ValueError(f"draft and target vocabularies differ (target {vt} tokens, draft {vd}): "
@@ -255,13 +284,12 @@ def check_rows(models, cfg: DecoderConfig, n: int) -> None:
     alone, as the runner checks before loading anything)."""
     if n <= 1:
         return
-    if cfg.name not in ROWS:
+    if cfg.name not in BATCHES:
         raise ValueError(f"decoder '{cfg.name}' decodes one prompt at a time, got a batch of {n}: use batch size 1 "
-                         f"(task.batch_size=1) or a decoder that batches: {sorted(ROWS)}")
-    if cfg.name in ROW_CHECKS:
-        ROW_CHECKS[cfg.name](cfg)
-    if models is not None and cfg.name in NEEDS_DRAFT and cfg.proposer == "draft" \
-            and getattr(models.draft, "reads_target_features", False):
+                         f"(task.batch_size=1) or a decoder that batches: {sorted(BATCHES)}")
+    if BATCHES[cfg.name] is not None:
+        BATCHES[cfg.name](cfg)
+    if models is not None and needs_draft(cfg) and getattr(models.draft, "reads_target_features", False):
         raise ValueError(f"a feature draft decodes one prompt at a time, got a batch of {n}: use batch size 1 "
                          "(task.batch_size=1), a token draft, or proposer=ngram")
 
@@ -284,10 +312,8 @@ def generate_rows(models, prompts: list, cfg: DecoderConfig, rng: torch.Generato
         check(models, p, cfg)
     check_rows(models, cfg, len(prompts))
     rng = rng if rng is not None else _default_rng(models)
-    if cfg.name not in ROWS:  # one prompt, decoder without a batched loop
-        return [generate(models, prompts[0], cfg, rng)]
     batch = Batch(prompts, cfg, _eos_ids(models, cfg), rng.device)
-    wall = _timed(models, lambda: ROWS[cfg.name](models, batch, cfg, rng))
+    wall = _timed(models, lambda: DECODERS[cfg.name](models, batch, cfg, rng))
     return [_result(run, wall / len(prompts)) for run in batch.runs]
 
 
@@ -327,8 +353,4 @@ def generate(models, prompt_ids, cfg=None, rng: torch.Generator | None = None, *
     cfg = DecoderConfig.from_any(cfg, **overrides)
     if is_batch(prompt_ids):
         return generate_rows(models, list(prompt_ids), cfg, rng)
-    prompt = torch.as_tensor(prompt_ids).flatten().tolist()
-    check(models, prompt, cfg)
-    rng = rng if rng is not None else _default_rng(models)
-    run = Run(prompt, cfg, _eos_ids(models, cfg), rng.device)
-    return _result(run, _timed(models, lambda: DECODERS[cfg.name](models, run, cfg, rng)))
+    return generate_rows(models, [prompt_ids], cfg, rng)[0]  # a batch of one

@@ -8,8 +8,10 @@ A :class:`Session` is one model's cache for one ``generate`` call. Its cache hol
   ``position_ids`` (the model's own attention; no patched modeling code).
 
 Operations: crop/rollback (:meth:`sync`), beam expand/reorder (:meth:`expand`, :meth:`select`) and
-tree-path compaction (:meth:`keep_path`). Transformers 5.x notes: the forward kwarg is ``cache`` (the old
-``past_key_values`` is deprecated) and ``DynamicCache.crop`` takes a negative count of tokens to drop.
+tree-path compaction (:meth:`keep_path`). :class:`Rows` holds several prompts (padding, per-row rollback);
+every decoder loops over rows, and a batch of one reads its Session through :class:`One` (Rows' interface).
+Transformers 5.x notes: the forward kwarg is ``cache`` (the old ``past_key_values`` is deprecated) and
+``DynamicCache.crop`` takes a negative count of tokens to drop.
 
 Sliding-window attention (Mistral; Gemma 3 and Qwen2/3 mix sliding and full layers): every layer of the
 session's cache is a *full-length* ``DynamicLayer``, and the window lives in the attention mask alone.
@@ -513,3 +515,50 @@ class Rows:
         """One step of every beam of every row: tokens (B*W,) -> logits (B*W, V). Each beam's ``ids`` follow
         it through :meth:`select`, so selecting the best beam's row leaves that row holding its tokens."""
         return self.forward([[int(t)] for t in tokens.tolist()])[:, -1]
+
+    def keep_beams(self, rows: list[int], tokens: list[list[int]]) -> None:
+        """Keep beam ``rows[b]`` for row b (batch positions); its ``ids`` already hold ``tokens[b]``."""
+        self.select(torch.tensor(rows, dtype=torch.long))
+
+
+class One:
+    """One prompt's :class:`Session` seen through the interface of :class:`Rows` (a batch of one row), so that
+    a decoder's loop is written once, over rows. A batch of one keeps the one-prompt cache: no padding, no 2D
+    mask and no explicit positions, so its forwards are the one-prompt forwards and a seed gives the same tokens
+    as before the loops were merged; feature drafts (:meth:`Session.link`) and tree nodes live here too."""
+
+    def __init__(self, session: Session):
+        self.session = session
+        self.row = [0]  # batch position -> caller's row
+
+    @property
+    def ids(self) -> list[list[int]]:
+        return [self.session.ids]
+
+    def __len__(self) -> int:
+        return len(self.session)
+
+    def forward(self, new: list[list[int]], keep: int = 1) -> torch.Tensor:
+        """:meth:`Rows.forward` for one row: logits (1, keep, V)."""
+        return self.session.forward(new[0], keep)[None]
+
+    def sync(self, tokens: list[list[int]]) -> list[list[int]]:
+        """Roll back to the committed text ``tokens[0]``; the pending tokens, as one row."""
+        self.session.sync(tokens[0])
+        return [tokens[0][len(self.session.ids):]]
+
+    def keep(self, positions: list[int]) -> None:
+        assert positions == [0], "a batch of one ends when its row stops"
+
+    def expand(self, W: int) -> None:
+        self.session.expand(W)
+
+    def select(self, rows: torch.Tensor) -> None:
+        self.session.select(rows)
+
+    def forward_beams(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.session.forward_beams(tokens)  # (W, V)
+
+    def keep_beams(self, rows: list[int], tokens: list[list[int]]) -> None:
+        """Keep beam ``rows[0]``, which holds ``tokens[0]`` beyond the committed ids (:meth:`Session.collapse`)."""
+        self.session.collapse(rows[0], tokens[0])

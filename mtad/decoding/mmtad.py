@@ -37,11 +37,13 @@ def verify_tree(target: Session, run, tree: BeamTree):
     return p, chain, node_idx, offset
 
 
-@register("mmtad", draft=True, tree=("target", "draft"))
-def mmtad(models, run, cfg, rng) -> None:
+@register("mmtad", draft=True, tree=("target", "draft"),
+          reads=lambda cfg: ("beam_width", "replacement", "tau", "reference"))
+def mmtad(models, batch, cfg, rng) -> None:
     """draft (beam tree, one draft cache) -> score (one target pass over all W·K nodes) ->
     accept (deepest depth with a node passing log p̃(path) - R_d > log tau) -> commit its path + bonus."""
-    for target, draft, K in run.blocks(models, rng):
+    for target, draft, runs, K in batch.blocks(models, rng):
+        run, target, draft, K = runs[0], target.session, draft.session, K[0]  # one prompt at a time
         q1 = run.filt(draft.forward(run.pending(draft))[-1])  # (V,)
         step, draft_idx = tree_step(draft, run.filt, root=len(draft.ids) - 1)
         tree = beam_sample(q1, step, K, cfg.beam_width, cfg.replacement, rng)

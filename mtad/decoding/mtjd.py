@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from mtad.decoding.beam import beam_block
+from mtad.decoding.beam import beam_rows
 from mtad.decoding.core import register, vocab_size
 from mtad.decoding.filter import _nucleus_sorted, draw
 from mtad.decoding.kv import Session, check_tree_support
@@ -64,14 +64,21 @@ def check_exhaustive(models, cfg) -> None:
         check_tree_support(models.target, "target")
 
 
-@register("mtjd", check=check_exhaustive)
-def mtjd(models, run, cfg, rng) -> None:
-    """Each iteration emits a K-token block chosen from the target's joint block distribution."""
-    target = run.session(models.target, "target")
+def reads(cfg) -> tuple[str, ...]:
+    """The keys ``mtjd`` reads: the mode, then the beam's (beam) or the tree's and the selection's (exhaustive)."""
+    if cfg.mode == "beam":
+        return ("mode", "beam_width", "replacement")
+    return ("mode", "select", "node_budget", *(("block_top_p",) if cfg.select == "nucleus" else ()))
+
+
+@register("mtjd", check=check_exhaustive, reads=reads)
+def mtjd(models, batch, cfg, rng) -> None:
+    """Each iteration emits a K-token block chosen from the target's joint block distribution (one prompt)."""
+    run, target = batch.one, batch.session(models.target, "target")
     while not run.done:
         K = min(cfg.gamma, run.remaining)
         if cfg.mode == "exhaustive":
-            x = exhaustive_block(target, run, K, rng)
+            x = exhaustive_block(target.session, run, K, rng)
         else:
-            x, _ = beam_block(target, run, K, rng)
+            x = beam_rows(target, batch, [K], rng)[0][0]  # the target as the beams' proposer
         run.commit(x)

@@ -36,11 +36,12 @@ def draft_tree(draft: Session, run, ks: list[int], rng):
     return tokens, parents, qs, cache_idx
 
 
-@register("specinfer", draft=True, tree=("target", "draft"))
-def specinfer(models, run, cfg, rng) -> None:
+@register("specinfer", draft=True, tree=("target", "draft"), reads=lambda cfg: ("k_config",))
+def specinfer(models, batch, cfg, rng) -> None:
     """draft (static token tree) -> score (one target pass) -> accept (multi-step speculative sampling
     down the tree) -> commit the accepted path + one token from p̃ (residual or bonus)."""
-    for target, draft, D in run.blocks(models, rng, depth=len(cfg.k_config)):
+    for target, draft, runs, D in batch.blocks(models, rng, depth=len(cfg.k_config)):
+        run, target, draft, D = runs[0], target.session, draft.session, D[0]  # one prompt at a time
         ks = list(cfg.k_config[:D])
         tokens, parents, qs, draft_idx = draft_tree(draft, run, ks, rng)
         tree = _Tree(tokens, parents)

@@ -18,12 +18,15 @@ def block_weights(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> tuple[to
     """Block verification's w and h (VERIFIERS.md §1), each (K,).
 
     w_i = min(1, w_{i-1} p_i(x_i) / q_i(x_i)) with w_0 = 1 (q_i(x_i) = 0 gives w_i = 1 unless w_{i-1} or
-    p_i(x_i) is 0); h_i = ρ_i / (ρ_i + 1 - w_i) with ρ_i = Σ max(w_i p_{i+1} - q_{i+1}, 0) for i < K (1 when
-    the denominator is 0), and h_K = w_K."""
+    p_i(x_i) is 0, and p_i(x_i) = q_i(x_i) = 0 gives w_i = 0, so h_i = 0: such a token is never accepted);
+    h_i = ρ_i / (ρ_i + 1 - w_i) with ρ_i = Σ max(w_i p_{i+1} - q_{i+1}, 0) for i < K (1 when the denominator is
+    0), and h_K = w_K."""
     K = x.shape[0]
     j = torch.arange(K, device=p.device)
     px, qx = p[j, x], q[j, x]  # (K,)
-    ratio = torch.where(qx > 0, px / qx.clamp(min=torch.finfo(qx.dtype).tiny), (px > 0).to(p.dtype) * torch.inf)
+    # q = 0: inf where p > 0, else 0 (p = q = 0 rules the token out; 0 * inf would be NaN, and NaN turns h into 1)
+    inf_or_0 = torch.where(px > 0, torch.inf, 0.0).to(p.dtype)
+    ratio = torch.where(qx > 0, px / qx.clamp(min=torch.finfo(qx.dtype).tiny), inf_or_0)
     w, acc = torch.empty_like(px), torch.ones((), dtype=p.dtype, device=p.device)
     for i in range(K):  # clipped at every step, so no closed form: K is small
         acc = torch.where(acc > 0, (acc * ratio[i]).clamp(max=1.0), acc)

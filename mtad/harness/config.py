@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from mtad.decoding.config import DecoderConfig
+from mtad.decoding.core import check_keys
 from mtad.harness.tracking import TrackingConfig
 from mtad.models.load import ModelConfig
 from mtad.tasks.base import TaskConfig
@@ -103,7 +104,7 @@ def check_settings(cfg: Any) -> None:
         node = OmegaConf.select(cfg, key, throw_on_missing=False) if OmegaConf.is_config(cfg) else cfg.get(key)
         return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
-    DecoderConfig.from_any(group("decoder"))
+    check_keys(DecoderConfig.from_any(group("decoder")))  # ranges, then no key the decoder does not read
     ModelConfig.from_any(group("model"))
     TaskConfig.from_any(group("task") or {})
     TrackingConfig.from_any(group("tracking"))

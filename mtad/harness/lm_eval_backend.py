@@ -58,7 +58,7 @@ from tqdm import tqdm
 
 from mtad._util.paths import REPO_ROOT
 from mtad.decoding import DECODERS, DecoderConfig, DecodeResult, generate
-from mtad.decoding.core import NEEDS_DRAFT
+from mtad.decoding.core import needs_draft
 from mtad.measure.metrics import run_metrics
 from mtad.models.pair import ModelPair
 
@@ -94,7 +94,7 @@ class MTADLM(HFLM):
             raise ValueError(f"max_gen_toks={max_gen_toks} must be >= 1")
         self.decoder_cfg = decoder_config(decoder, max_new_tokens=int(max_gen_toks), **decoder_over)
         self.models = load_models(pair=pair, device=device, dtype=dtype, **model_over)
-        if self.decoder_cfg.name in NEEDS_DRAFT and self.models.draft is None:
+        if needs_draft(self.decoder_cfg) and self.models.draft is None:
             raise ValueError(f"decoder={self.decoder_cfg.name} needs a draft model but pair {self.models.name!r} "
                              "has none: give draft=<hub id or path> or a pair with a draft")
         super().__init__(pretrained=self.models.target, tokenizer=self.models.tokenizer, batch_size=batch_size,

@@ -26,11 +26,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
+from mtad._util.late import LATE_KEYS
 from mtad._util.paths import REPO_ROOT
 from mtad._util.version import __version__
-from mtad.decoding.config import HASH_LATE_KEYS, DecoderConfig
-from mtad.tasks.base import HASH_LATE_KEYS as TASK_LATE_KEYS
-from mtad.tasks.base import TaskConfig
 
 log = logging.getLogger(__name__)
 
@@ -166,16 +164,15 @@ RENAMED_PAIRS = {"smollm2_token": "smollm2"}
 
 
 def _drop_late_defaults(plain: dict) -> None:
-    """Leave out decoder and task keys added after rows were first written (``HASH_LATE_KEYS`` of
-    :mod:`mtad.decoding.config` and :mod:`mtad.tasks.base`) while they hold their defaults: a config that does
+    """Leave out decoder and task keys added after rows were first written (``LATE_KEYS`` of
+    :mod:`mtad._util.late`) while they hold their defaults: a config that does
     not use them hashes as before the keys existed, so its old row still counts as done; any other value is
     part of the hash."""
-    for group, keys, cls in (("decoder", HASH_LATE_KEYS, DecoderConfig), ("task", TASK_LATE_KEYS, TaskConfig)):
+    for path, default in LATE_KEYS.items():
+        group, key = path.split(".")
         node = plain.get(group)
-        if isinstance(node, dict):
-            for key in keys:
-                if key in node and node[key] == getattr(cls, key):
-                    del node[key]
+        if isinstance(node, dict) and key in node and node[key] == default:
+            del node[key]
 
 
 def config_hash(cfg: Any, exclude: Iterable[str] = VOLATILE_KEYS) -> str:

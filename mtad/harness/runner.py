@@ -27,7 +27,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mtad.decoding import DecoderConfig, PromptTooLong, generate
-from mtad.decoding.core import check, check_rows
+from mtad.decoding.core import check, check_keys, check_rows
+from mtad.decoding.propose import PROPOSERS
 from mtad.harness.config import check_run, experiment_name
 from mtad.harness.progress import PromptBar
 from mtad.harness.rows import ResultRow, config_hash, machine_load, timing_info, to_json_line
@@ -66,16 +67,16 @@ def run_interleaved(cfgs: list[DictConfig | dict], on_prompt=None) -> list[dict 
     first = live[0]
     # A draft-free proposer (decoder.proposer=ngram) runs on the same target with the draft left out
     # (Job.prepare drops it from its model config): it gets the loaded pair without its draft.
-    drafted = next((j for j in live if j.dec.proposer != "ngram"), first)
+    drafted = next((j for j in live if not j.draft_free), first)
     for j in live:
-        same = (j.mcfg == drafted.mcfg if j.dec.proposer != "ngram"
+        same = (j.mcfg == drafted.mcfg if not j.draft_free
                 else _target_only(j.mcfg) == _target_only(drafted.mcfg))
         if not same or [s.id for s in j.samples] != [s.id for s in first.samples]:
             raise ValueError("run_interleaved needs one pair and one prompt set: the configs differ in "
                              "model or task (compare decoders only)")
     pair = load_pair(drafted.mcfg)
     for j in live:
-        j.start(pair.without_draft() if j.dec.proposer == "ngram" else pair)
+        j.start(pair.without_draft() if j.draft_free else pair)
         j.interleaved = len(live) > 1
     if len({j.tcfg.batch_size for j in live}) > 1:
         raise ValueError("run_interleaved needs one task.batch_size for every config")
@@ -108,6 +109,11 @@ class Job:
         self.skips: Counter = Counter()
         self.batch_s: list[float] = []
 
+    @property
+    def draft_free(self) -> bool:
+        """The proposer drafts without a model (prompt lookup): the pair's draft is neither loaded nor hashed."""
+        return not PROPOSERS[self.dec.proposer].model
+
     @classmethod
     def prepare(cls, cfg: DictConfig | dict, run_dir: str | Path | None = None,
                 keep_done: bool = False) -> "Job | None":
@@ -117,12 +123,13 @@ class Job:
         resolved = cfg if isinstance(cfg, dict) else OmegaConf.to_container(cfg, resolve=True)
         check_run(resolved)  # name, seed, warmup, num_threads (the groups: their frozen classes, next)
         dec = DecoderConfig.from_any(resolved["decoder"])
+        check_keys(dec)  # a key this decoder does not read would be recorded and hashed as if it had run
         mcfg = ModelConfig(**resolved["model"]) if not isinstance(resolved["model"], ModelConfig) else resolved["model"]
         mcfg, why = resolve_alias(mcfg)  # model=smollm2: the best embedded pair for this machine
         if why:
             log.info("%s", why)
             resolved = {**resolved, "model": asdict(mcfg)}  # hashed and recorded as the pair it stands for
-        if dec.proposer == "ngram":  # a draft-free proposer: the pair's draft is neither loaded nor fingerprinted
+        if not PROPOSERS[dec.proposer].model:  # a draft-free proposer: the draft is neither loaded nor fingerprinted
             mcfg = replace(mcfg, draft=None, draft_head="full")
         tcfg = TaskConfig.from_any(resolved["task"])
         check_rows(None, dec, tcfg.batch_size)  # a decoder that cannot batch fails here, before any work
@@ -165,7 +172,7 @@ class Job:
         self.tracker.start(self.resolved, name=f"{self.dec.name}-{self.tcfg.name}-{self.mcfg.name}")
         self.rng = torch.Generator(device=pair.device).manual_seed(int(self.resolved.get("seed", 0)))
         self.load_start = machine_load()
-        _warmup(pair, self.task, self.samples[: int(self.resolved.get("warmup", 0))], self.dec, self.mcfg, self.rng)
+        self.warmup(self.samples[: int(self.resolved.get("warmup", 0))])
         self.meter = EnergyMeter(_gpu_indices(pair))
         self.bar = PromptBar(len(self.samples), f"{self.dec.name} {self.tcfg.name}",
                              bool(self.resolved.get("progress", True)))
@@ -183,8 +190,7 @@ class Job:
         want_ppl = bool(self.resolved.get("perplexity", True))
         for turn in range(max(_turns(self.task, s) for s in group)):
             todo = [s for s in live if turn < _turns(self.task, s)]
-            for sample, row in zip(todo, _batch(self.pair, self.task, todo, turn, history, self.dec, self.mcfg,
-                                                self.rng, self.meter, want_ppl, self.batch_s)):
+            for sample, row in zip(todo, self.batch(todo, turn, history, want_ppl)):
                 self.rows.append(row)
                 if row.get("skip_reason"):
                     self.skips[row.get("skip_kind") or row["skip_reason"]] += 1
@@ -207,9 +213,7 @@ class Job:
         """Build the row, write samples.jsonl and append the row; None when a concurrent run appended it."""
         self.bar.close()
         resolved, run_dir, results_file = self.resolved, self.run_dir, self.results_file
-        row = _finish(resolved, self.dec, self.mcfg, self.tcfg, self.task, self.pair, self.rows, self.decodes,
-                      self.logps, self.scores, self.readings, self.skips, run_dir, self.batch_s)
-        row = dataclasses.replace(row, timing=timing_info(self.load_start, self.interleaved))
+        row = dataclasses.replace(self.row(), timing=timing_info(self.load_start, self.interleaved))
         samples_error = _save_samples(run_dir, self.rows) if resolved.get("save_samples", True) else None
         if not save_row(results_file, row, run_dir, unless_done=not resolved.get("force")):
             self.tracker.finish(row.to_dict(), result_file=None)
@@ -224,6 +228,83 @@ class Job:
                                      f"could not be written ({samples_error}): the per-prompt samples are lost")
         return row.to_dict()
 
+
+    def warmup(self, samples) -> None:
+        """Untimed decodes so that kernels, allocators and caches are warm (in batches of ``task.batch_size``);
+        nothing is recorded."""
+        task, pair = self.task, self.pair
+        prompts = [p.ids for p in (_encode(task, s, pair.tokenizer, 0, (), self.mcfg.chat_template) for s in samples)
+                   if p.ids]
+        size = task.cfg.batch_size
+        for start in range(0, len(prompts), size):
+            group = prompts[start:start + size]
+            try:
+                generate(pair, group, self.dec, torch.Generator(device=self.rng.device).manual_seed(12345))
+            except PromptTooLong:
+                pass
+
+    def batch(self, samples, turn, history, want_ppl) -> list[dict]:
+        """Encode ``samples`` at ``turn``, decode the prompts that fit together (one timed energy window), score
+        each. One record per sample, in order. With ``task.batch_size`` > 1 a record also names its batch, the
+        batch's size and wall time (``time_s`` is the record's equal share of it) and ``batch_s`` gets the
+        batch's wall time."""
+        task, pair, dec = self.task, self.pair, self.dec
+        records, todo = [], []
+        for sample in samples:
+            prompt = _encode(task, sample, pair.tokenizer, turn, history[sample.id], self.mcfg.chat_template)
+            base = {"id": sample.id, "turn": turn, "meta": sample.meta, "prompt": prompt.text,
+                    "prompt_tokens": len(prompt.ids), "prompt_truncated": prompt.truncated}
+            if prompt.skip_reason:
+                base.update(prompt_tokens=prompt.n_tokens, skip_reason=prompt.skip_reason, skip_kind=prompt.skip_kind)
+            else:
+                try:
+                    check(pair, prompt.ids, dec)
+                    todo.append((len(records), sample, prompt))
+                except PromptTooLong as err:
+                    if task.cfg.on_long_prompt == "error":
+                        raise
+                    base.update(skip_reason=f"prompt does not fit the model context: {err}",
+                                skip_kind="prompts do not fit the model context")
+            records.append(base)
+        if not todo:
+            return records
+        batched = task.cfg.batch_size > 1
+        self.meter.start()
+        results = generate(pair, [p.ids for _, _, p in todo], dec, self.rng)  # a batch of one is one prompt
+        energy = self.meter.stop()
+        wall = sum(r.wall_time_s for r in results)
+        if batched:
+            self.batch_s.append(wall)
+        for j, ((i, sample, prompt), result) in enumerate(zip(todo, results)):
+            record = _scored(pair, task, sample, prompt, result, want_ppl)
+            record.update(energy_j=energy.joules / len(todo) if energy.joules is not None else None,
+                          _energy=energy if j == 0 else None)  # the batch's window, counted once
+            if batched:
+                record.update(batch=len(self.batch_s) - 1, batch_size=len(todo), batch_time_s=wall)
+            records[i].update(record)
+        return records
+
+    def row(self) -> ResultRow:
+        """The run's row from its decodes, scores and energy readings."""
+        resolved, task, rows = self.resolved, self.task, self.rows
+        if not self.decodes:
+            raise ValueError(nothing_decoded(rows, self.skips))
+        metrics = run_metrics(self.decodes, gamma=self.dec.gamma, energy=combine_readings(self.readings))
+        if self.batch_s:  # task.batch_size > 1: per batch wall times (total_decode_s is their sum)
+            metrics.update(n_batches=len(self.batch_s), batch_s=list(self.batch_s))
+        metrics.update(perplexity(self.logps) if self.logps else {})
+        metrics.update(diversity([r["output_ids"] for r in rows if "output_ids" in r]))  # over output token ids
+        if task.metric:
+            metrics["score"] = {k: v for k, v in task.aggregate(self.scores).items()}
+            metrics["score_name"] = task.metric
+        metrics.update(task.row_info())
+        return ResultRow.build(
+            resolved, experiment=experiment_name(resolved), metrics=metrics, decoder=asdict(self.dec),
+            model={**asdict(self.mcfg), "info": self.pair.info},
+            task={**self.tcfg.to_dict(), "source": resolved["task"]["source"], "selected_ids": [s["id"] for s in rows]},
+            seed=int(resolved.get("seed", 0)), n_prompts=len(self.decodes),
+            skip_reasons={**task.skip_counts(), **dict(self.skips)}, run_dir=self.run_dir,
+            devices=_devices(self.pair))
 
 class ResultsNotAppended(OSError):
     """The results file (or samples.jsonl) could not be written at the end of a finished run; the message
@@ -306,59 +387,6 @@ def _encode(task, sample, tokenizer, turn, history, chat) -> Prompt:
                       skip_kind=f"prompts that cannot be rendered or tokenized ({type(err).__name__})")
 
 
-def _warmup(pair, task, samples, dec, mcfg, rng) -> None:
-    """Untimed decodes so that kernels, allocators and caches are warm (in batches of ``task.batch_size``);
-    nothing is recorded."""
-    prompts = [p.ids for p in (_encode(task, s, pair.tokenizer, 0, (), mcfg.chat_template) for s in samples) if p.ids]
-    size = task.cfg.batch_size
-    for start in range(0, len(prompts), size):
-        group = prompts[start:start + size]
-        try:
-            generate(pair, group if size > 1 else group[0], dec, torch.Generator(device=rng.device).manual_seed(12345))
-        except PromptTooLong:
-            pass
-
-
-def _batch(pair, task, samples, turn, history, dec, mcfg, rng, meter, want_ppl, batch_s: list) -> list[dict]:
-    """Encode ``samples`` at ``turn``, decode the prompts that fit together (one timed energy window), score
-    each. One record per sample, in order. With ``task.batch_size`` > 1 a record also names its batch, the
-    batch's size and wall time (``time_s`` is the record's equal share of it) and ``batch_s`` gets the batch's
-    wall time."""
-    records, todo = [], []
-    for sample in samples:
-        prompt = _encode(task, sample, pair.tokenizer, turn, history[sample.id], mcfg.chat_template)
-        base = {"id": sample.id, "turn": turn, "meta": sample.meta, "prompt": prompt.text,
-                "prompt_tokens": len(prompt.ids), "prompt_truncated": prompt.truncated}
-        if prompt.skip_reason:
-            base.update(prompt_tokens=prompt.n_tokens, skip_reason=prompt.skip_reason, skip_kind=prompt.skip_kind)
-        else:
-            try:
-                check(pair, prompt.ids, dec)
-                todo.append((len(records), sample, prompt))
-            except PromptTooLong as err:
-                if task.cfg.on_long_prompt == "error":
-                    raise
-                base.update(skip_reason=f"prompt does not fit the model context: {err}",
-                            skip_kind="prompts do not fit the model context")
-        records.append(base)
-    if not todo:
-        return records
-    batched = task.cfg.batch_size > 1
-    meter.start()
-    results = generate(pair, [p.ids for _, _, p in todo] if batched else todo[0][2].ids, dec, rng)
-    energy = meter.stop()
-    results = results if batched else [results]
-    wall = sum(r.wall_time_s for r in results)
-    if batched:
-        batch_s.append(wall)
-    for j, ((i, sample, prompt), result) in enumerate(zip(todo, results)):
-        record = _scored(pair, task, sample, prompt, result, want_ppl)
-        record.update(energy_j=energy.joules / len(todo) if energy.joules is not None else None,
-                      _energy=energy if j == 0 else None)  # the batch's window, counted once
-        if batched:
-            record.update(batch=len(batch_s) - 1, batch_size=len(todo), batch_time_s=wall)
-        records[i].update(record)
-    return records
 
 
 def _scored(pair, task, sample, prompt, result, want_ppl) -> dict:
@@ -374,27 +402,6 @@ def _scored(pair, task, sample, prompt, result, want_ppl) -> dict:
             "perplexity": float(torch.exp(-logp.mean())) if logp is not None else None,
             "scores": scores, "_result": result, "_logp": logp}
 
-
-def _finish(resolved, dec, mcfg, tcfg, task, pair, rows, decodes, logps, scores, readings, skips, run_dir,
-            batch_s=()):
-    if not decodes:
-        raise ValueError(nothing_decoded(rows, skips))
-    metrics = run_metrics(decodes, gamma=dec.gamma, energy=combine_readings(readings))
-    if batch_s:  # task.batch_size > 1: per batch wall times (total_decode_s is their sum, ms_per_token per token)
-        metrics.update(n_batches=len(batch_s), batch_s=list(batch_s))
-    metrics.update(perplexity(logps) if logps else {})
-    metrics.update(diversity([r["output_ids"] for r in rows if "output_ids" in r]))  # over output token ids
-    if task.metric:
-        metrics["score"] = {k: v for k, v in task.aggregate(scores).items()}
-        metrics["score_name"] = task.metric
-    metrics.update(task.row_info())
-    return ResultRow.build(
-        resolved, experiment=experiment_name(resolved), metrics=metrics, decoder=asdict(dec),
-        model={**asdict(mcfg), "info": pair.info},
-        task={**tcfg.to_dict(), "source": resolved["task"]["source"], "selected_ids": [s["id"] for s in rows]},
-        seed=int(resolved.get("seed", 0)), n_prompts=len(decodes),
-        skip_reasons={**task.skip_counts(), **dict(skips)}, run_dir=run_dir,
-        devices=_devices(pair))
 
 
 def nothing_decoded(rows: list[dict], skips: Counter) -> str:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mtad._util.late import HASHED_LATE_KEYS, LATE_KEYS
 from mtad._util.paths import REPO_ROOT
 from mtad.measure.costmodel import declared_profile, find_profiles, predict
 from mtad.report import stats
@@ -39,7 +40,7 @@ JOIN_KEYS = ("model.name", "model.draft", "model.dtype", "task.name", "task.n_pr
 VARIANT_KEYS = ("gamma", "beam_width", "tau", "temperature", "top_k", "top_p", "accept", "proposer", "mode", "select",
                 "reference", "k_config", "replacement", "block_top_p")
 # Decoder keys that rows written before them lack, and the value those rows ran with (VERIFIERS.md §4)
-LATE_DEFAULTS = {"decoder.accept": "lossless", "decoder.proposer": "draft"}
+LATE_DEFAULTS = {**HASHED_LATE_KEYS, **LATE_KEYS}
 # Measurement settings that, when they differ within one file, also split a decoder's rows (short names).
 SETTING_LABELS = {"model.draft": "draft", "model.dtype": "dtype", "decoder.max_new_tokens": "tokens",
                   "task.n_prompts": "prompts", "device_name": "on", "num_threads": "threads"}

@@ -32,11 +32,10 @@ import numpy as np
 import torch
 
 from mtad.decoding import DecoderConfig, generate
-from mtad.decoding.accept import mtad_accept, speculative_accept, threshold_accept
 from mtad.decoding.core import Run
 from mtad.decoding.filter import uniform
+from mtad.decoding.rules import RULES
 from mtad.decoding.speculative import draft_chain
-from mtad.decoding.verifiers import block_accept, fuzzy_accept, typical_accept
 from mtad.report import stats
 
 log = logging.getLogger(__name__)
@@ -61,12 +60,11 @@ class Rule:
         return f"{self.name} ({self.param})" if self.param else self.name
 
 
-def _mtad(tau: float):
-    def fn(p, q, x, u):
-        j = torch.arange(len(x), device=p.device)
-        n = mtad_accept(p[j, x].log(), q[j, x].log(), tau)  # (K,) each; log 0 = -inf is handled
-        return n, p[n]
-    return fn
+def shared(name: str, **params) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Verdict]:
+    """The decoders' own rule ``name`` from the accept-rule table (:mod:`mtad.decoding.rules`) at ``params``
+    (decoder config keys, e.g. ``tau=0.3``), as ``fn(p, q, x, u)``."""
+    rule, cfg = RULES[name], DecoderConfig(**params)
+    return lambda p, q, x, u: rule.judge(p, q, x, u, cfg)
 
 
 def rules(threshold_taus: Sequence[float] = (0.3, 0.5), typical: Sequence[tuple[float, float]] = ((0.09, 0.3),
@@ -75,15 +73,14 @@ def rules(threshold_taus: Sequence[float] = (0.3, 0.5), typical: Sequence[tuple[
     """The rules of the study: lossless (token-wise) and block verification, the lossy rules at a few
     parameters (typical: Medusa's default (ε, δ) = (0.09, 0.3) and a looser one with δ = √ε, its
     recommendation), and the pairing control."""
-    out = [Rule("lossless", "", True, speculative_accept), Rule("block", "", True, block_accept)]
-    out += [Rule("threshold", f"τ={t:g}", False, lambda p, q, x, u, t=t: threshold_accept(p, q, x, t))
-            for t in threshold_taus]
-    out += [Rule("typical", f"ε={e:g}, δ={d:g}", False, lambda p, q, x, u, e=e, d=d: typical_accept(p, x, e, d))
+    out = [Rule("lossless", "", True, shared("lossless")), Rule("block", "", True, shared("block"))]
+    out += [Rule("threshold", f"τ={t:g}", False, shared("threshold", tau=t)) for t in threshold_taus]
+    out += [Rule("typical", f"ε={e:g}, δ={d:g}", False, shared("typical", typical_threshold=e, typical_alpha=d))
             for e, d in typical]
-    out += [Rule("fuzzy", f"JS≤{t:g}", False, lambda p, q, x, u, t=t: fuzzy_accept(p, q, x, t, "js"))
+    out += [Rule("fuzzy", f"JS≤{t:g}", False, shared("fuzzy", fuzzy_threshold=t, fuzzy_divergence="js"))
             for t in fuzzy_js]
-    out += [Rule("mtad", f"τ={t:g}", False, _mtad(t)) for t in mtad_taus]
-    return out + [Rule("lossless", "replica", True, speculative_accept, control=True)]
+    out += [Rule("mtad", f"τ={t:g}", False, shared("mtad", tau=t)) for t in mtad_taus]
+    return out + [Rule("lossless", "replica", True, shared("lossless"), control=True)]
 
 
 def seed_of(*parts) -> int:

@@ -22,9 +22,6 @@ from mtad.tasks.sources import DataRoutes
 
 log = logging.getLogger(__name__)
 
-# Keys added after result rows were first written: left out of the config hash at their defaults, so such a row
-# is still found (mtad.harness.rows.canonical_config), as decoding.config.HASH_LATE_KEYS for the decoder.
-HASH_LATE_KEYS = ("batch_size",)
 
 _CHOICES = {
     "source": ("auto", "local", "hub"),

@@ -17,8 +17,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import tinymodels as tm
 
 import mtad
+import mtad.decoding.rules as rules_mod
 import mtad.decoding.specinfer as specinfer_mod
-import mtad.decoding.speculative as speculative_mod
 from mtad.decoding.accept import residual
 from mtad.decoding.core import NEEDS_DRAFT
 from mtad.decoding.filter import filter_probs
@@ -300,7 +300,7 @@ def broken_multi_draft(p, q, xs, u):
     return -1, residual(p, q)
 
 
-ORIG_SPECULATIVE = speculative_mod.speculative_accept
+ORIG_SPECULATIVE = rules_mod.speculative_accept
 N_DRAWS = 500
 DIST_PROMPT = [1, 2, 3]
 # (vocab, target std, draft std, filter): peaky, clearly different target and draft give the test power
@@ -335,7 +335,7 @@ def test_lossless_joint_of_two_tokens(setting, name, monkeypatch):
     ok, bound = chi_square(models, cfg, N_DRAWS)
     assert ok < bound, f"{name} is not lossless: chi2 {ok:.1f} >= {bound:.1f}"
     if name == "speculative":
-        monkeypatch.setattr(speculative_mod, "speculative_accept", broken_speculative)
+        monkeypatch.setattr(rules_mod, "speculative_accept", broken_speculative)
     else:
         monkeypatch.setattr(specinfer_mod, "multi_draft_accept", broken_multi_draft)
     bad, _ = chi_square(models, cfg, N_DRAWS)

@@ -24,11 +24,11 @@ import tinymodels as tm
 import torch
 
 import mtad
-import mtad.decoding.speculative as speculative_mod
+import mtad.decoding.rules as rules_mod
+from mtad._util.late import LATE_KEYS
 from mtad._util.paths import REPO_ROOT
 from mtad.decoding import DecoderConfig
 from mtad.decoding.accept import speculative_accept
-from mtad.decoding.config import HASH_LATE_KEYS
 from mtad.decoding.filter import filter_probs
 from mtad.decoding.ngram import NgramLookup
 from mtad.decoding.verifiers import block_accept, block_weights, divergence, fuzzy_accept, typical_accept
@@ -166,6 +166,22 @@ def test_block_zero_probabilities():
     assert float(block_weights(P, q, torch.tensor([a, b]))[0][0]) == 1.0
     n, nxt = block_accept(P[:1], Q[:0], torch.tensor([], dtype=torch.long), torch.zeros(0))  # K = 0: a target step
     assert n == 0 and torch.equal(nxt, P[0])
+
+
+def test_block_rejects_a_token_both_p_and_q_rule_out():
+    """p_1(a) = q_1(a) = 0 (a proposer that is not q, e.g. a future one): w_1 = 0 and h_1 = 0, so τ = 0 for any u;
+    the ratio 0/0 must not become NaN, which the den > 0 guard would turn into h = 1 (accept)."""
+    p, q = P.clone(), Q.clone()
+    p[0] = torch.tensor([0.0, 0.6, 0.4], dtype=torch.float64)
+    q[0] = torch.tensor([0.0, 0.5, 0.5], dtype=torch.float64)
+    w, h = block_weights(p, q, torch.tensor([a, b]))
+    assert torch.isfinite(w).all() and torch.isfinite(h).all()
+    assert float(w[0]) == 0.0 and float(h[0]) == 0.0 and float(h[1]) == 0.0
+    for u in (0.0, 0.5, 0.999):
+        n, nxt = block_accept(p, q, torch.tensor([a, b]), torch.full((2,), u, dtype=torch.float64))
+        assert n == 0 and nxt[a] == 0 and abs(float(nxt.sum()) - 1) < 1e-12
+    # control: the same draft with q_1(a) > 0 = p_1(a) is rejected too, and with p_1(a) > 0 it can pass
+    assert block_accept(P, Q, torch.tensor([a, b]), torch.zeros(2, dtype=torch.float64))[0] >= 1
 
 
 # ---- typical acceptance -------------------------------------------------------------------------------------
@@ -351,7 +367,7 @@ def chi_squares(models, cfg: dict, prompt: list[int], seed: int = 1) -> list[tup
 def lossless_and_broken_fails(models, cfg, prompt, attr, broken, monkeypatch) -> None:
     for n, (ok, bound) in enumerate(chi_squares(models, cfg, prompt), 1):
         assert ok < bound, f"{n}-token joint: chi2 {ok:.1f} >= {bound:.1f}"
-    monkeypatch.setattr(speculative_mod, attr, broken)
+    monkeypatch.setattr(rules_mod, attr, broken)  # the accept-rule table's entry calls it by name
     for n, (bad, bound) in enumerate(chi_squares(models, cfg, prompt), 1):
         assert bad > bound, f"the broken {attr} passed the {n}-token test: chi2 {bad:.1f} <= {bound:.1f}"
 
@@ -454,12 +470,13 @@ def test_new_decoder_keys_keep_published_hashes(monkeypatch):
     from mtad.harness import rows as store
 
     resolved, row = _published_hash_inputs()
-    assert set(HASH_LATE_KEYS) <= set(resolved["decoder"])  # the new keys are in the resolved config
+    late = {k.split(".")[1] for k in LATE_KEYS if k.startswith("decoder.")}
+    assert late <= set(resolved["decoder"])  # the new keys are in the resolved config
     assert store.config_hash(resolved) == row["config_hash"]
     for override in ("decoder.proposer=ngram", "decoder.accept=block", "decoder.typical_alpha=0.5",
                      "decoder.fuzzy_threshold=0.1", "decoder.ngram_max=3"):
         assert store.config_hash(_published_hash_inputs(override)[0]) != row["config_hash"], override
-    monkeypatch.setattr(store, "HASH_LATE_KEYS", ())  # negative control: without the rule the old hash is lost
+    monkeypatch.setattr(store, "LATE_KEYS", {})  # negative control: without the rule the old hash is lost
     assert store.config_hash(resolved) != row["config_hash"]
 
 
@@ -508,3 +525,42 @@ def test_runner_records_the_rule_and_loads_no_draft_for_ngram(tmp_path, monkeypa
     assert len({r["config_hash"] for r in rows}) == 3
     assert asked == ["no/such/draft", "no/such/draft", None]
     assert (tmp_path / "res" / "t.jsonl").read_text().count("\n") == 3
+
+
+# ---- the acceptance-profile export's method names (VERIFIERS.md §5) ---------------------------------------------
+def method_table(text: str) -> dict[tuple[str, str], str]:
+    """(decoder, proposer) -> `method` from the ``| decoder | proposer | `method` |`` table of VERIFIERS.md §5."""
+    rows, on = {}, False
+    for line in text.splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[:2] == ["decoder", "proposer"]:
+            on = True
+        elif on and len(cells) == 3 and not set(cells[0]) <= set("- "):
+            rows[cells[0], cells[1]] = cells[2]
+        elif on and not line.strip().startswith("|"):
+            break
+    return rows
+
+
+def method_problems(text: str) -> list[str]:
+    """Every drafted decoder with every proposer it takes is in the table, with the name the export writes."""
+    from mtad.decoding.config import NGRAM_DECODERS
+    from mtad.decoding.core import NEEDS_DRAFT
+    from mtad.report.speculation import method_name
+
+    table = method_table(text)
+    want = {(d, p) for d in NEEDS_DRAFT for p in ("draft", "ngram") if p == "draft" or d in NGRAM_DECODERS}
+    out = [f"{k} missing from the table" for k in sorted(want - set(table))]
+    for (d, p), m in sorted(table.items()):
+        got = method_name({"decoder": {"name": d, "proposer": p}})
+        if got != m:
+            out.append(f"decoder={d} proposer={p}: the doc says {m!r}, the export writes {got!r}")
+    return out
+
+
+def test_profile_method_names_match_the_doc():
+    text = (REPO_ROOT / "docs" / "VERIFIERS.md").read_text()
+    assert method_problems(text) == []
+    # controls: the old wording's name for MTAD on n-gram drafts, and a missing row, are caught
+    assert method_problems(text.replace("| mtad | ngram | `ngram_mtad` |", "| mtad | ngram | `mtad` |"))
+    assert method_problems(text.replace("| mmtad | draft | `mmtad` |\n", ""))

@@ -118,3 +118,32 @@ def test_published_qa_rows_hash_into_the_qa_grid(path: Path):
     assert hashes <= published and published <= hashes | seed1 and len(published - hashes) <= 1
     # negative control: another prompt count is another config
     assert run_hash([*jobs[0], "task.n_prompts=10"], DRAFT[path.stem], data) not in published
+
+
+def test_late_keys_hold_their_config_defaults():
+    """The one list of keys added later (mtad/_util/late.py) names real keys with their classes' defaults, and a
+    late key at its default leaves the hash as it was before the key existed (a changed default would not)."""
+    from mtad._util.late import HASHED_LATE_KEYS, LATE_KEYS
+    from mtad.decoding import DecoderConfig
+
+    classes = {"decoder": DecoderConfig, "task": TaskConfig}
+    for path, value in {**LATE_KEYS, **HASHED_LATE_KEYS}.items():
+        group, key = path.split(".")
+        assert getattr(classes[group], key) == value, path
+    old = {"decoder": {"name": "mtad", "tau": 0.5}, "task": {"name": "gsm8k"}}
+    new = {"decoder": {**old["decoder"], "proposer": "draft", "ngram_max": 2}, "task": {**old["task"], "batch_size": 1}}
+    assert config_hash(new) == config_hash(old)
+    assert config_hash({**new, "task": {**new["task"], "batch_size": 4}}) != config_hash(old)  # control
+
+
+@pytest.mark.parametrize("profile", sorted(set(PROFILE_OF.values())))
+def test_published_grids_set_only_keys_their_decoders_read(profile):
+    """No job of a published grid is refused for a key its decoder does not read (a row records only what ran,
+    ALGORITHMS.md "Keys each decoder reads"), so every published row can still be reproduced."""
+    from mtad.decoding import DecoderConfig
+    from mtad.decoding.core import check_keys
+
+    jobs = profile_jobs(profile, [])
+    assert jobs
+    for job in jobs:
+        check_keys(DecoderConfig.from_any(OmegaConf.to_container(sweep.compose_job(job), resolve=True)["decoder"]))

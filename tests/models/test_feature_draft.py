@@ -14,7 +14,7 @@ import torch
 from decoding.test_decoders import DRAFTED, N_DRAWS, N_NEW, PROMPT, SETTINGS, broken_speculative, chi_square, ids
 
 import mtad
-import mtad.decoding.speculative as speculative_mod
+import mtad.decoding.rules as rules_mod
 from mtad.decoding.kv import Session, Stats
 from mtad.models.feature_draft import FeatureDraft, feature_config
 from mtad.models.pair import ModelPair
@@ -157,7 +157,7 @@ def test_speculative_stays_lossless_with_a_feature_draft(setting, monkeypatch):
     models = dist_feature_pair(setting)
     ok, bound = chi_square(models, cfg, N_DRAWS)
     assert ok < bound, f"chi2 {ok:.1f} >= {bound:.1f}"
-    monkeypatch.setattr(speculative_mod, "speculative_accept", broken_speculative)
+    monkeypatch.setattr(rules_mod, "speculative_accept", broken_speculative)
     bad, _ = chi_square(models, cfg, N_DRAWS)
     assert bad > bound, f"the broken rule passed: chi2 {bad:.1f} <= {bound:.1f}"
 
