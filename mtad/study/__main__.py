@@ -50,6 +50,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=0.9)
     p.add_argument("--tv-contexts", type=int, default=4, help="fixed contexts for the TV estimate (one per prompt)")
     p.add_argument("--tv-draws", type=int, default=400, help="fresh drafts per fixed context")
+    p.add_argument("--mtad-taus", type=float, nargs="+", default=[0.1, 0.5, 0.9], help="MTAD joint-rule τ values")
+    p.add_argument("--oracle-mix", type=float, default=None,
+                   help="λ: draft from the oracle mixture λ·q + (1−λ)·p (hardware-free accepted lengths only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--out", default=str(REPO_ROOT / "results" / "published" / "verifiers"))
@@ -74,7 +77,7 @@ def verifiers(args: argparse.Namespace, argv: Sequence[str]) -> list[Path]:
         raise ValueError("--temperature=0 is out of range for this study: at T = 0 every rule is exact matching")
     models, results, pairing, t0 = None, [], {}, time.perf_counter()
     sha = git_info(REPO_ROOT)[0]  # the code that runs: read before the (long) study, not after
-    rule_list = rules()
+    rule_list = rules(mtad_taus=tuple(args.mtad_taus))
     for task_name in args.tasks:
         cfg = OmegaConf.to_container(compose_job([f"model={args.model}", f"task={task_name}",
                                                   f"task.n_prompts={args.prompts}", "task.few_shot=0",
@@ -90,7 +93,7 @@ def verifiers(args: argparse.Namespace, argv: Sequence[str]) -> list[Path]:
                    if p.ids]
         res = run_task(models, prompts, task_name, rule_list, dec, tokens=args.tokens, stride=args.stride,
                        how=args.continuation, tv_contexts=min(args.tv_contexts, len(prompts)),
-                       tv_draws=args.tv_draws, seed=args.seed)
+                       tv_draws=args.tv_draws, seed=args.seed, mix=args.oracle_mix)
         pairing[task_name] = pairing_failures(res)
         if pairing[task_name]:
             raise RuntimeError(f"{task_name}: the lossless replica disagrees in {pairing[task_name]} contexts: "
@@ -102,7 +105,8 @@ def verifiers(args: argparse.Namespace, argv: Sequence[str]) -> list[Path]:
             "command": "python -m mtad.study " + " ".join(argv), "gamma": args.gamma, "tokens": args.tokens,
             "stride": args.stride, "continuation": args.continuation, "temperature": args.temperature,
             "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed, "n_boot": N_BOOT, "pairing": pairing,
-            "tasks": args.tasks, "prompts": args.prompts}
+            "tasks": args.tasks, "prompts": args.prompts, "mtad_taus": list(args.mtad_taus),
+            "oracle_mix": args.oracle_mix}
     if args.save_raw:
         Path(args.save_raw).write_bytes(pickle.dumps({"meta": meta, "tasks": [to_plain(r) for r in results]}))
     return write(results, meta, args)
@@ -116,7 +120,8 @@ def write(results, meta: dict, args: argparse.Namespace) -> list[Path]:
 def render_raw(args: argparse.Namespace) -> list[Path]:
     """The outputs from a ``--save-raw`` file (our own pickle: load only files this command wrote)."""
     saved = pickle.loads(Path(args.render_raw).read_bytes())
-    return write([from_plain(d, rules()) for d in saved["tasks"]], saved["meta"], args)
+    taus = tuple(saved["meta"].get("mtad_taus", (0.1, 0.5, 0.9)))
+    return write([from_plain(d, rules(mtad_taus=taus)) for d in saved["tasks"]], saved["meta"], args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
