@@ -81,12 +81,14 @@ def tokens_and_steps(hist: Mapping) -> tuple[float, float]:
 
 
 def predict(hist: Mapping, decoder: str, prof: CostProfile, gamma: int = 4, prompts: int = 0) -> float:
-    """Predicted cost per token (``prof.unit``): t1 · (steps · step cost + prompts · prefill) / tokens.
-    For ``sampling`` the histogram is ``{1: tokens}``."""
+    """Predicted cost per token (``prof.unit``): t1 · (steps · step cost + prompts · (prefill − first)) / tokens,
+    where ``first`` is the target pass of a prompt's first step, which the prefill pass replaces (it reads the
+    prompt and that step's tokens at once). For ``sampling`` the histogram is ``{1: tokens}``."""
     tokens, steps = tokens_and_steps(hist)
     if tokens <= 0:
         raise ValueError("an empty accepted-length histogram")
-    return prof.t1 * (steps * prof.step_cost(decoder, gamma) + prompts * prof.prefill) / tokens
+    first = 1.0 if decoder == "sampling" else prof.v  # a prompt's first target pass is its prefill
+    return prof.t1 * (steps * prof.step_cost(decoder, gamma) + prompts * (prof.prefill - first)) / tokens
 
 
 def speedup(hist_a: Mapping, dec_a: str, hist_b: Mapping, dec_b: str, prof: CostProfile, gamma: int = 4,

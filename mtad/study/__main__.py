@@ -60,7 +60,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-raw", default=None, help="also pickle the per-context measurements here (re-render)")
     p.add_argument("--render-raw", default=None, help="write the outputs from a --save-raw file; run nothing")
     p.add_argument("overrides", nargs="*", help="Hydra overrides of the model/task configs")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # Hydra overrides may come before or after options
     for key in ("prompts", "tokens", "stride", "gamma", "tv_draws", "threads"):
         if getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')}={getattr(args, key)} is out of range: an integer >= 1")

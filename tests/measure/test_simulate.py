@@ -15,8 +15,8 @@ PROF = CostProfile(label="test", t1=30.0, c=0.12, c_W=0.2, v=1.4, overhead={"spe
 def decode_clock(decoder: str, lengths: list[int], t1: float, c: float, c_W: float, v: float, o: float,
                  prefill: float, prompts: int) -> float:
     """ms/token of a decode simulated forward by forward: every step pays its draft passes, its verify pass
-    and its harness time; every prompt its prefill."""
-    ms = prompts * prefill * t1
+    and its harness time; every prompt its prefill, in place of its first verify pass."""
+    ms = prompts * (prefill - v) * t1  # each prompt's first verify pass is its prefill pass
     for _ in lengths:
         if decoder == "mtad":
             ms += t1 * c + (GAMMA - 1) * t1 * c_W  # one row, then W beam rows
