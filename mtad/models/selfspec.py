@@ -7,6 +7,11 @@ like any other draft, so every decoder and the verifier study drive them unchang
 Specs (after the ``target:`` prefix; comma-separated ranges are inclusive, 0-based):
 - ``int8``: a float32 copy of the target with every Linear in torch dynamic int8 (CPU).
 - ``int8body``: the same, but the output head stays float32 (the int8 head moves the logits most).
+- ``w<bits>g<group>`` (e.g. ``w4g64``, ``w8g0``): weight-only quantisation of every Linear (the head included,
+  untied from the embedding): asymmetric ``bits``-bit integers per group of ``group`` input columns (0: per
+  output channel), dequantised back into the target's dtype. These are the *numerics* of a weight-only
+  quantised draft, for hardware-free accepted lengths; the dense kernels run, so its time here is not a
+  quantised kernel's.
 - ``layers=0-19,28-29``: a copy that runs only these decoder layers, in order, then the target's final
   norm and head (its embedding and head are shared with the target, not copied).
 - ``first=20``: shorthand for ``layers=0-19`` (early exit after 20 layers).
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from typing import Optional
 
 import torch
@@ -25,7 +31,7 @@ PREFIX = "target:"
 
 @dataclasses.dataclass(frozen=True)
 class DerivedSpec:
-    quantize: str = "none"  # none | int8 | int8body
+    quantize: str = "none"  # none | int8 | int8body | w<bits>g<group>
     layers: Optional[tuple[int, ...]] = None  # kept decoder layers; None = all
 
 
@@ -50,6 +56,11 @@ def parse(spec: str) -> DerivedSpec:
     try:
         if body in ("int8", "int8body"):
             return DerivedSpec(quantize=body)
+        m = re.fullmatch(r"w(\d+)g(\d+)", body)
+        if m:
+            if not 2 <= int(m[1]) <= 8:
+                raise ValueError("weight-only bits must be 2..8")
+            return DerivedSpec(quantize=body)
         key, _, val = body.partition("=")
         if key == "first":
             return DerivedSpec(layers=tuple(range(int(val))))
@@ -60,7 +71,7 @@ def parse(spec: str) -> DerivedSpec:
             return DerivedSpec(layers=layers)
     except ValueError as err:
         raise ValueError(f"model.draft={spec!r}: {err}") from None
-    raise ValueError(f"model.draft={spec!r}: expected target:int8, target:int8body, target:layers=<ranges> or target:first=<k>")
+    raise ValueError(f"model.draft={spec!r}: expected target:int8, target:int8body, target:w<bits>g<group>, target:layers=<ranges> or target:first=<k>")
 
 
 def skip_layers(target, keep: tuple[int, ...]):
@@ -105,10 +116,38 @@ def int8_copy(target, head: bool = True):
     return quantize_target(draft, "int8", only=only).eval()
 
 
+def fake_quantize_(w: torch.Tensor, bits: int, group: int) -> None:
+    """In place: ``w`` (out, in) rounded to asymmetric ``bits``-bit levels per (row, group of columns)."""
+    out, cols = w.shape
+    g = group if group and cols % group == 0 else cols
+    x = w.detach().float().reshape(out, cols // g, g)  # (out, groups, g)
+    lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+    scale = ((hi - lo) / (2 ** bits - 1)).clamp_min(1e-12)
+    q = ((x - lo) / scale).round().clamp(0, 2 ** bits - 1)
+    w.copy_((q * scale + lo).reshape(out, cols).to(w.dtype))
+
+
+def weight_only_copy(target, bits: int, group: int):
+    """A copy of the target whose Linear weights (head included, untied) are weight-only quantised."""
+    draft = copy.deepcopy(target)
+    head = draft.get_output_embeddings()
+    draft.lm_head = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None,
+                              dtype=head.weight.dtype, device=head.weight.device)
+    with torch.no_grad():
+        draft.lm_head.load_state_dict(head.state_dict())
+        for m in draft.modules():
+            if isinstance(m, nn.Linear):
+                fake_quantize_(m.weight, bits, group)
+    return draft.eval()
+
+
 def derived_draft(spec: str, target):
     """The draft named by ``spec`` (``target:...``) built from ``target``."""
     s = parse(spec)
     draft = skip_layers(target, s.layers) if s.layers is not None else target
+    if s.quantize.startswith("w"):
+        bits, group = map(int, re.fullmatch(r"w(\d+)g(\d+)", s.quantize).groups())
+        return weight_only_copy(draft, bits, group)
     if s.quantize != "none":
         return int8_copy(draft, head=s.quantize == "int8")
     if draft is target:

@@ -53,6 +53,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mtad-taus", type=float, nargs="+", default=[0.1, 0.5, 0.9], help="MTAD joint-rule τ values")
     p.add_argument("--oracle-mix", type=float, default=None,
                    help="λ: draft from the oracle mixture λ·q + (1−λ)·p (hardware-free accepted lengths only)")
+    p.add_argument("--continuation-cache", default=None,
+                   help="a JSON file that keeps the target's continuations for runs that differ in the draft only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--out", default=str(REPO_ROOT / "results" / "published" / "verifiers"))
@@ -71,6 +73,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def verifiers(args: argparse.Namespace, argv: Sequence[str]) -> list[Path]:
     torch.set_num_threads(args.threads)
+    if args.continuation_cache:
+        from mtad.study import verifiers as study_verifiers
+        study_verifiers.CONTINUATION_CACHE = args.continuation_cache
     dec = DecoderConfig(name="speculative", gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
                         top_p=args.top_p, max_new_tokens=args.tokens)
     if dec.temperature == 0:

@@ -185,6 +185,30 @@ def continuation(models, prompt: list[int], cfg: DecoderConfig, n: int, how: str
     return generate(models, prompt, dec, torch.Generator(device=dev).manual_seed(seed)).tokens
 
 
+CONTINUATION_CACHE = None  # a JSON file of the target's continuations, shared by runs that differ in the draft only
+
+
+def cached_continuation(models, prompt: list[int], cfg: DecoderConfig, n: int, how: str, seed: int) -> list[int]:
+    """:func:`continuation`, read from / added to ``CONTINUATION_CACHE`` when it is set (the key holds the
+    target's dtype and quantisation, the prompt, the filter, the length and the seed: the target's text does not
+    depend on the draft)."""
+    if CONTINUATION_CACHE is None:
+        return continuation(models, prompt, cfg, n, how, seed)
+    import json
+    from pathlib import Path
+
+    t = models.target
+    key = hashlib.sha256(repr((str(next(t.parameters()).dtype), getattr(t, "mtad_quantize", "none"), prompt,
+                               cfg.temperature, cfg.top_k, cfg.top_p, n, how, seed)).encode()).hexdigest()
+    path = Path(CONTINUATION_CACHE)
+    store = json.loads(path.read_text()) if path.is_file() else {}
+    if key not in store:
+        store[key] = continuation(models, prompt, cfg, n, how, seed)
+        store.update(json.loads(path.read_text()) if path.is_file() else {})
+        path.write_text(json.dumps(store))
+    return store[key]
+
+
 def run_task(models, prompts: Sequence[list[int]], task: str, rule_list: Sequence[Rule], cfg: DecoderConfig, *,
              tokens: int = 64, stride: int = 4, how: str = "sampled", tv_contexts: int = 4, tv_draws: int = 500,
              seed: int = 0, paired: bool = True, mix: float | None = None) -> TaskResult:
@@ -195,7 +219,7 @@ def run_task(models, prompts: Sequence[list[int]], task: str, rule_list: Sequenc
     K = cfg.gamma
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
-            cont = continuation(models, prompt, cfg, tokens, how, seed_of(seed, task, i, "continuation"))
+            cont = cached_continuation(models, prompt, cfg, tokens, how, seed_of(seed, task, i, "continuation"))
             drafter = Drafter(models, prompt, cfg, mix)
             for t in range(0, len(cont), stride):
                 rng = torch.Generator(device=dev).manual_seed(seed_of(seed, task, i, t))

@@ -74,3 +74,20 @@ def test_mixture_alpha_is_exact():
     assert mixture_alpha([alpha], 0.25)[0] != pytest.approx(wrong, abs=1e-3)
     with pytest.raises(ValueError):
         mixture_alpha([alpha], 1.5)
+
+
+def test_weight_only_quantisation_levels_and_distance(target):
+    """w<bits>g<group>: each (row, group) holds at most 2^bits distinct values; 8 bits per channel stays much
+    closer to the target than 2 bits (the control: coarser rounding must move the logits more)."""
+    from mtad.models.selfspec import fake_quantize_
+
+    w = torch.randn(4, 64, generator=torch.Generator().manual_seed(0))
+    fake_quantize_(w, 3, 16)
+    assert all(w[r, g * 16:(g + 1) * 16].unique().numel() <= 8 for r in range(4) for g in range(4))
+    ids = [1, 5, 7, 2, 9]
+    ref = torch.softmax(logits(target, ids), -1)
+
+    def tv(spec):
+        return 0.5 * (torch.softmax(logits(derived_draft(spec, target), ids), -1) - ref).abs().sum(-1).mean()
+    assert tv("target:w8g0") < 0.05 < tv("target:w2g16")
+    assert torch.equal(torch.softmax(logits(target, ids), -1), ref)  # the target is untouched
