@@ -171,7 +171,12 @@ def build(root: Path = ROOT) -> dict:
                                                        "predicted_before", "predicted_after", "error",
                                                        "block_efficiency", "acceptance_rate")} for p in c["points"]],
                          "profile": c["profiles"]["mean"]})
-    return {"drafts": rows, "measured": measured, "gpu_profiles": {k: list(v) for k, v in GPU_PROFILES.items()}}
+    hardware = "this CPU"
+    for f in sorted((root / "study").glob("verifier_study-*.jsonl")):
+        hardware = json.loads(f.read_text().splitlines()[0])["study"]["device_name"]
+        break
+    return {"drafts": rows, "measured": measured, "gpu_profiles": {k: list(v) for k, v in GPU_PROFILES.items()},
+            "hardware": f"{hardware}, 2 cores shared"}
 
 
 # ---- outputs -------------------------------------------------------------------------------------------------
@@ -181,7 +186,7 @@ def _ci(t, d=2):
 
 def markdown(res: dict) -> str:
     out = ["# Regime map: MTAD against speculative decoding and block verification along draft strength", "",
-           "SmolLM2-135M-Instruct target (embedded, bfloat16) on this CPU, one thread; drafts of the same target. "
+           f"SmolLM2-135M-Instruct target (embedded, bfloat16) on {res['hardware']}, one thread; drafts of the same target. "
            "α: held-out, the draft card's method (fp32 target's own samples, 10 GSM8K test + 10 HumanEval prompts, "
            "T = 1, top-k 10, top-p 0.9; 95 % interval over prompts). L: mean accepted length per verification step "
            "(τ + 1) in the same-draft study (GSM8K + MT-Bench, 20 prompts each, 48 tokens, a context every 6; γ = 4; "
@@ -234,6 +239,30 @@ def markdown(res: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _finish(ax, title: str, ylabel: str) -> None:
+    ax.set_title(title, fontsize=10)
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel("held-out α of the draft (draft card's method; oracle: 1 − λ + λ·α)")
+    ax.set_xlim(0.3, 1.0)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1, frameon=False)
+
+
+def reading(res: dict) -> str:
+    """One sentence from the numbers: MTAD (τ = 0.5) / token-wise accepted-length ratio at the weakest and the
+    strongest real draft, and the measured speed-up range."""
+    real = sorted((r for r in res["drafts"] if r["oracle_mix"] is None), key=lambda r: r["alpha"][0])
+    if not real:
+        return ""
+    lo, hi = real[0], real[-1]
+    text = (f"At τ = 0.5 MTAD's joint rule accepts {lo['vs_spec']['0.5'][0]:.2f}× token-wise's mean length "
+            f"with the weakest draft (α {lo['alpha'][0]:.2f}) and {hi['vs_spec']['0.5'][0]:.2f}× with the strongest "
+            f"real draft (α {hi['alpha'][0]:.2f})")
+    if res["measured"]:
+        v = [m["mtad_vs_spec"]["measured"][0] for m in res["measured"]]
+        text += f"; measured here, the mtad decoder is {min(v):.2f}–{max(v):.2f}× speculative decoding"
+    return text + "."
+
+
 def figure(res: dict, path: Path) -> None:
     import matplotlib
 
@@ -241,17 +270,19 @@ def figure(res: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = sorted(res["drafts"], key=lambda r: r["alpha"][0])
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9.5), sharex=True)
+    hardware = res.get("hardware", "this CPU")
+    fig, axes = plt.subplots(2, 2, figsize=(14, 12.5))
     colors = dict(zip(TAUS, ("#fdae61", "#f46d43", "#d73027", "#a50026", "#67001f")))
     x = np.array([r["alpha"][0] for r in rows])
     xerr = np.array([[r["alpha"][0] - r["alpha"][1], r["alpha"][2] - r["alpha"][0]] for r in rows]).T
     for ax, key, title in ((axes[0, 0], "vs_spec", "block-efficiency ratio MTAD / token-wise speculative"),
                            (axes[0, 1], "vs_block", "block-efficiency ratio MTAD / block verification")):
-        for t in TAUS:
+        for k, t in enumerate(TAUS):
             y = np.array([r[key][t][0] for r in rows])
             yerr = np.array([[r[key][t][0] - r[key][t][1], r[key][t][2] - r[key][t][0]] for r in rows]).T
-            ax.errorbar(x, y, yerr=yerr, xerr=xerr, fmt="o-", ms=4, lw=1, capsize=2, color=colors[t],
-                        label=f"MTAD joint rule τ = {t} (same-draft study)")
+            ax.errorbar(x + 0.004 * (k - 2), y, yerr=yerr, xerr=xerr if k == 2 else None, fmt="o-", ms=4, lw=1,
+                        capsize=2, color=colors[t], label=f"MTAD joint rule τ = {t}, same-draft study "
+                        "(x offset ±0.008 for legibility; α interval on τ = 0.5)")
         for r in rows:
             if r["oracle_mix"] is not None:
                 ax.annotate(f"oracle λ={r['oracle_mix']:g}", (r["alpha"][0], r[key]["0.5"][0]), fontsize=7,
@@ -260,9 +291,7 @@ def figure(res: dict, path: Path) -> None:
             ax.scatter([p[1] for p in PAPER_RUNS], [p[2] / p[3] for p in PAPER_RUNS], marker="*", s=120, color="k",
                        zorder=5, label="paper, MTAD / SpecInfer tree (x: SpecInfer acceptance)")
         ax.axhline(1, color="grey", lw=0.8, ls=":")
-        ax.set_title(title, fontsize=10)
-        ax.set_ylabel("ratio of mean accepted length")
-        ax.legend(fontsize=7, loc="upper left")
+        _finish(ax, title, "ratio of mean accepted length (Σ L / Σ L)")
     for ax, key, title in ((axes[1, 0], "mtad_vs_spec", "speed-up MTAD (τ = 0.5) / speculative"),
                            (axes[1, 1], "mtad_vs_block", "speed-up MTAD (τ = 0.5) / block verification")):
         own = [(r["alpha"][0], r["simulated"]["cpu_own"][key]["0.5"]) for r in rows if "cpu_own" in r["simulated"]]
@@ -278,7 +307,8 @@ def figure(res: dict, path: Path) -> None:
             lo = [r["simulated"][f"{k}_lo"][key]["0.5"] for r in rows]
             hi = [r["simulated"][f"{k}_hi"][key]["0.5"] for r in rows]
             ax.fill_between(x, np.minimum(lo, hi), np.maximum(lo, hi), color=col, alpha=0.25,
-                            label=f"PROJECTION, {GPU_PROFILES[k][0]} (declared c, v range)")
+                            label=f"PROJECTION: {GPU_PROFILES[k][0].removeprefix('GPU, ')} on a GPU "
+                                  f"(declared c {GPU_PROFILES[k][1][0]:g}–{GPU_PROFILES[k][1][1]:g}, v 1.0–1.1)")
         meas = res["measured"]
         if meas:
             if key == "mtad_vs_spec":
@@ -296,18 +326,15 @@ def figure(res: dict, path: Path) -> None:
                        zorder=5, label="paper, MTAD / SpecInfer per-run ms/token (x: SpecInfer acceptance)")
             for lbl, v in PAPER_HEADLINES:
                 ax.axhline(v, color="k", lw=0.8, ls="--")
-                ax.text(0.31, v + 0.005, f"paper headline vs speculative, {lbl}: {v}× (no α given)", fontsize=7)
+                ax.text(0.01, v, f" paper headline vs speculative, {lbl}: {v}× (no α given)", fontsize=7,
+                        va="bottom", transform=ax.get_yaxis_transform())
         ax.axhline(1, color="grey", lw=0.8, ls=":")
-        ax.set_title(title, fontsize=10)
-        ax.set_ylabel("speed-up (ratio of ms/token)")
-        ax.set_xlabel("held-out α of the draft (draft card's method; oracle: 1 − λ + λ·α)")
-        ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle("When does joint verification pay? SmolLM2-135M-Instruct target (bf16), drafts of increasing "
-                 "strength; measured on a 2-core AMD EPYC CPU (1 thread); GPU bands are projections", fontsize=11)
-    fig.text(0.5, 0.005, "Hardware-free (top): MTAD's accepted-length gain over token-wise verification at τ = 0.5 "
-             "is largest for weak drafts and shrinks as α grows; time (bottom): simulated from the same histograms.",
-             ha="center", fontsize=8)
-    fig.tight_layout(rect=(0, 0.02, 1, 0.96))
+        _finish(ax, title, "speed-up (ratio of ms/token)")
+    fig.suptitle("When does joint verification pay? Target SmolLM2-135M-Instruct (bf16) with drafts of increasing "
+                 f"strength, γ = 4\nmeasured on {hardware} (1 thread); GPU bands are PROJECTIONS under declared "
+                 "costs, not measurements", fontsize=11)
+    fig.text(0.5, 0.004, reading(res), ha="center", fontsize=8.5, wrap=True)
+    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

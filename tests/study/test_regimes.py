@@ -1,5 +1,6 @@
 """Drafts made from the target (mtad.models.selfspec) and the oracle mixture's α (mtad.study.alpha), each
 with a control that must fail."""
+import numpy as np
 import pytest
 import torch
 
@@ -91,3 +92,19 @@ def test_weight_only_quantisation_levels_and_distance(target):
         return 0.5 * (torch.softmax(logits(derived_draft(spec, target), ids), -1) - ref).abs().sum(-1).mean()
     assert tv("target:w8g0") < 0.05 < tv("target:w2g16")
     assert torch.equal(torch.softmax(logits(target, ids), -1), ref)  # the target is untouched
+
+
+def test_ratio_intervals_pair_by_cluster():
+    """Σ L_a / Σ L_b over contexts, interval over (task, prompt) clusters: a rule against itself is exactly 1
+    with a zero-width interval; one that accepts one more token per context is above 1 with an interval that
+    excludes 1 (control: the interval is not degenerate there)."""
+    from mtad.study.regimes import histograms, ratio_intervals
+
+    rng = np.random.default_rng(0)
+    tau = rng.integers(0, 4, size=200)
+    rec = {"rules": ["lossless", "same", "more"], "task": ["a"] * 100 + ["b"] * 100,
+           "prompt": [i // 10 for i in range(100)] * 2, "tau": [[t, t, t + 1] for t in tau.tolist()]}
+    assert ratio_intervals(rec, "same", "lossless") == [1.0, 1.0, 1.0]
+    pt, lo, hi = ratio_intervals(rec, "more", "lossless")
+    assert pt == pytest.approx((tau + 2).sum() / (tau + 1).sum()) and 1 < lo < pt < hi
+    assert sum(histograms(rec)["lossless"].values()) == 200
