@@ -86,7 +86,35 @@ def contexts(name: str, root: Path = ROOT, raw_dir: Path = REPO_ROOT / ".cache" 
 
 
 def checks(root: Path = ROOT) -> dict[str, dict]:
-    return {p.stem.removeprefix("check-"): json.loads(p.read_text()) for p in sorted((root / "check").glob("check-*.json"))}
+    """The simulator checks, each point with a second prediction from the run's own forward counts (the cost
+    model's :func:`~mtad.measure.costmodel.predict` on the mean of the two profiles): where the two predictions
+    agree and miss the measurement, the per-forward costs moved; where they differ, the step model did."""
+    from mtad.measure.costmodel import Profile, predict as predict_calls
+
+    out = {}
+    for p in sorted((root / "check").glob("check-*.json")):
+        name = p.stem.removeprefix("check-")
+        c = json.loads(p.read_text())
+        rows = root / "check" / f"regime_check_{name}.jsonl"
+        if rows.is_file():
+            raw = [Profile.from_dict(c["raw_profiles"][k]) for k in ("before", "after")]
+            by = {}
+            for line in rows.read_text().splitlines():
+                r = json.loads(line)
+                d = r["decoder"]
+                key = "block" if d.get("accept") == "block" else d["name"]
+                by[key] = r["metrics"]
+            for pt in c["points"]:
+                m = by.get(pt["decoder"])
+                if m is None:
+                    continue
+                dec = "speculative" if pt["decoder"] == "block" else pt["decoder"]
+                vals = [predict_calls(m["forward_calls"], m["total_tokens"], prof, dec) for prof in raw]
+                pt["predicted_from_calls"] = sum(vals) / 2
+                pt["error_from_calls"] = pt["predicted_from_calls"] / pt["measured_ms_per_token"][0] - 1
+                pt["measured_forward_share"] = m["forward_time_s"] / m["total_decode_s"]
+        out[name] = c
+    return out
 
 
 # ---- hardware-free ratios ------------------------------------------------------------------------------------
@@ -167,9 +195,10 @@ def build(root: Path = ROOT) -> dict:
                          "be_ratio_vs_block": m["block_efficiency"] / pts["block"]["block_efficiency"],
                          "mtad_vs_block_predicted": pts["block"]["predicted_ms_per_token"] / m["predicted_ms_per_token"],
                          "mtad_vs_block_measured": pts["block"]["measured_ms_per_token"][0] / m["measured_ms_per_token"][0],
-                         "points": [{k: p[k] for k in ("decoder", "measured_ms_per_token", "predicted_ms_per_token",
-                                                       "predicted_before", "predicted_after", "error",
-                                                       "block_efficiency", "acceptance_rate")} for p in c["points"]],
+                         "points": [{k: p.get(k) for k in ("decoder", "measured_ms_per_token", "predicted_ms_per_token",
+                                                           "predicted_before", "predicted_after", "error",
+                                                           "predicted_from_calls", "error_from_calls",
+                                                           "block_efficiency", "acceptance_rate")} for p in c["points"]],
                          "profile": c["profiles"]["mean"]})
     hardware = "this CPU"
     for f in sorted((root / "study").glob("verifier_study-*.jsonl")):
@@ -222,13 +251,14 @@ def markdown(res: dict) -> str:
             "Each draft: a cost profile measured just before and just after interleaved runs of sampling, speculative, "
             "block verification and MTAD (GSM8K, one thread); the prediction uses the mean of the two profiles and the "
             "run's own accepted-length histogram and prompt count; error = predicted / measured − 1. Every point:", "",
-            "| draft | decoder | measured ms/token [95 % CI] | predicted (before / after) | error | block eff. |",
-            "|" + " --- |" * 6]
+            "| draft | decoder | measured ms/token [95 % CI] | predicted (before / after) | error | "
+            "predicted from the run's forward counts | its error | block eff. |", "|" + " --- |" * 8]
     for m in res["measured"]:
         for p in m["points"]:
             out.append(f"| {m['name']} | {p['decoder']} | {_ci(p['measured_ms_per_token'], 1)} | "
                        f"{p['predicted_ms_per_token']:.1f} ({p['predicted_before']:.1f} / {p['predicted_after']:.1f}) | "
-                       f"{100 * p['error']:+.1f} % | {p['block_efficiency']:.2f} |")
+                       f"{100 * p['error']:+.1f} % | " + (f"{p['predicted_from_calls']:.1f} | {100 * p['error_from_calls']:+.1f} % | "
+                       if p.get("predicted_from_calls") else "— | — | ") + f"{p['block_efficiency']:.2f} |")
     out += ["", "| draft | α | MTAD / speculative measured [95 % CI] | predicted | MTAD / block measured | predicted | "
             "BE ratio MTAD/spec (decoder) | c | c_W | v |", "|" + " --- |" * 10]
     for m in res["measured"]:
