@@ -199,13 +199,30 @@ def build(root: Path = ROOT) -> dict:
                                                            "predicted_before", "predicted_after", "error",
                                                            "predicted_from_calls", "error_from_calls",
                                                            "block_efficiency", "acceptance_rate")} for p in c["points"]],
-                         "profile": c["profiles"]["mean"]})
+                         "profile": c["profiles"]["mean"],
+                         "projected": _decoder_projection(pts)})
     hardware = "this CPU"
     for f in sorted((root / "study").glob("verifier_study-*.jsonl")):
         hardware = json.loads(f.read_text().splitlines()[0])["study"]["device_name"]
         break
     return {"drafts": rows, "measured": measured, "gpu_profiles": {k: list(v) for k, v in GPU_PROFILES.items()},
+            "checks": {k: {"points": [{x: p.get(x) for x in ("decoder", "speedup_vs_sampling", "speedup_vs_speculative")}
+                                      for p in c["points"]]} for k, c in chk.items()},
             "hardware": f"{hardware}, 2 cores shared"}
+
+
+def _decoder_projection(pts: dict) -> dict:
+    """MTAD / speculative and MTAD / block speed-ups from the *decoders'* own accepted-length histograms of a
+    checked run (beam-drafted MTAD), under both corners of each declared GPU profile: projections."""
+    out = {}
+    for key in GPU_PROFILES:
+        vals = {"mtad_vs_spec": [], "mtad_vs_block": []}
+        for prof in declared(key):
+            ms = {d: predict(pts[d]["histogram"], d, prof, GAMMA) for d in ("speculative", "block", "mtad")}
+            vals["mtad_vs_spec"].append(ms["speculative"] / ms["mtad"])
+            vals["mtad_vs_block"].append(ms["block"] / ms["mtad"])
+        out[key] = {k: [min(v), max(v)] for k, v in vals.items()}
+    return out
 
 
 # ---- outputs -------------------------------------------------------------------------------------------------
@@ -259,6 +276,20 @@ def markdown(res: dict) -> str:
                        f"{p['predicted_ms_per_token']:.1f} ({p['predicted_before']:.1f} / {p['predicted_after']:.1f}) | "
                        f"{100 * p['error']:+.1f} % | " + (f"{p['predicted_from_calls']:.1f} | {100 * p['error_from_calls']:+.1f} % | "
                        if p.get("predicted_from_calls") else "— | — | ") + f"{p['block_efficiency']:.2f} |")
+    out += ["", "Speed-ups (ratios of ms/token; the machine's slowdown cancels): measured with paired 95 % intervals "
+            "over prompts, predicted, error = predicted / measured − 1:", "",
+            "| draft | decoder | vs sampling: measured | predicted | error | vs speculative: measured | predicted | "
+            "error |", "|" + " --- |" * 8]
+    for name, c in res.get("checks", {}).items():
+        for p in c["points"]:
+            cells = []
+            for ref in ("sampling", "speculative"):
+                v = p.get(f"speedup_vs_{ref}")
+                if not v or not v.get("measured"):
+                    cells += ["—", "—", "—"]
+                    continue
+                cells += [_ci(v["measured"], 3), f"{v['predicted']:.3f}", f"{100 * v['error']:+.1f} %"]
+            out.append(f"| {name} | {p['decoder']} | " + " | ".join(cells) + " |")
     out += ["", "| draft | α | MTAD / speculative measured [95 % CI] | predicted | MTAD / block measured | predicted | "
             "BE ratio MTAD/spec (decoder) | c | c_W | v |", "|" + " --- |" * 10]
     for m in res["measured"]:
@@ -307,6 +338,7 @@ def figure(res: dict, path: Path) -> None:
     xerr = np.array([[r["alpha"][0] - r["alpha"][1], r["alpha"][2] - r["alpha"][0]] for r in rows]).T
     for ax, key, title in ((axes[0, 0], "vs_spec", "block-efficiency ratio MTAD / token-wise speculative"),
                            (axes[0, 1], "vs_block", "block-efficiency ratio MTAD / block verification")):
+        key_m = "spec" if key == "vs_spec" else "block"
         for k, t in enumerate(TAUS):
             y = np.array([r[key][t][0] for r in rows])
             yerr = np.array([[r[key][t][0] - r[key][t][1], r[key][t][2] - r[key][t][0]] for r in rows]).T
@@ -317,6 +349,11 @@ def figure(res: dict, path: Path) -> None:
             if r["oracle_mix"] is not None:
                 ax.annotate(f"oracle λ={r['oracle_mix']:g}", (r["alpha"][0], r[key]["0.5"][0]), fontsize=7,
                             xytext=(4, -10), textcoords="offset points")
+        meas = res["measured"]
+        if meas:
+            ax.plot([m["alpha"][0] for m in meas], [m["be_ratio_vs_" + key_m] for m in meas], "D", color="#1f78b4",
+                    ms=7, zorder=6, label="the mtad decoder (beam drafts, τ = 0.5) / the same pair's run, measured "
+                                          "here on GSM8K")
         if key == "vs_spec":
             ax.scatter([p[1] for p in PAPER_RUNS], [p[2] / p[3] for p in PAPER_RUNS], marker="*", s=120, color="k",
                        zorder=5, label="paper, MTAD / SpecInfer tree (x: SpecInfer acceptance)")
@@ -340,6 +377,10 @@ def figure(res: dict, path: Path) -> None:
                             label=f"PROJECTION: {GPU_PROFILES[k][0].removeprefix('GPU, ')} on a GPU "
                                   f"(declared c {GPU_PROFILES[k][1][0]:g}–{GPU_PROFILES[k][1][1]:g}, v 1.0–1.1)")
         meas = res["measured"]
+        for m in meas:
+            lo, hi = m["projected"]["llama8b_1b"][key]
+            ax.plot([m["alpha"][0]] * 2, [lo, hi], "-", color="#33a02c", lw=5, alpha=0.8, solid_capstyle="butt",
+                    label="PROJECTION: 8B/1B GPU costs on the mtad decoder's own histograms" if m is meas[0] else None)
         if meas:
             if key == "mtad_vs_spec":
                 mx = [m["alpha"][0] for m in meas]
