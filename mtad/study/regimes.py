@@ -397,8 +397,8 @@ def figure(res: dict, path: Path) -> None:
                        zorder=5, label="paper, MTAD / SpecInfer per-run ms/token (x: SpecInfer acceptance)")
             for lbl, v in PAPER_HEADLINES:
                 ax.axhline(v, color="k", lw=0.8, ls="--")
-                ax.text(0.01, v, f" paper headline vs speculative, {lbl}: {v}× (no α given)", fontsize=7,
-                        va="bottom", transform=ax.get_yaxis_transform())
+                ax.text(0.99, v, f"paper headline vs speculative, {lbl}: {v}× (no α given) ", fontsize=7,
+                        va="bottom", ha="right", transform=ax.get_yaxis_transform())
         ax.axhline(1, color="grey", lw=0.8, ls=":")
         _finish(ax, title, "speed-up (ratio of ms/token)")
     fig.suptitle("When does joint verification pay? Target SmolLM2-135M-Instruct (bf16) with drafts of increasing "
