@@ -206,6 +206,7 @@ def build(root: Path = ROOT) -> dict:
         hardware = json.loads(f.read_text().splitlines()[0])["study"]["device_name"]
         break
     return {"drafts": rows, "measured": measured, "gpu_profiles": {k: list(v) for k, v in GPU_PROFILES.items()},
+            "diagnosis": diagnose(root),
             "checks": {k: {"points": [{x: p.get(x) for x in ("decoder", "speedup_vs_sampling", "speedup_vs_speculative")}
                                       for p in c["points"]]} for k, c in chk.items()},
             "hardware": f"{hardware}, 2 cores shared"}
@@ -222,6 +223,45 @@ def _decoder_projection(pts: dict) -> dict:
             vals["mtad_vs_spec"].append(ms["speculative"] / ms["mtad"])
             vals["mtad_vs_block"].append(ms["block"] / ms["mtad"])
         out[key] = {k: [min(v), max(v)] for k, v in vals.items()}
+    return out
+
+
+def diagnose(root: Path = ROOT) -> list[dict]:
+    """Where the check's time went, per checked draft and decoder, from the run's own counters: forward time
+    measured / predicted by the isolated profile (mean of before and after), harness time per step, and the
+    cost of one MTAD beam step inferred from the MTAD run's forward time (its other forwards at the profile's
+    costs scaled by the speculative run's measured/predicted ratio), all in target steps t1."""
+    from mtad.measure.costmodel import Profile, parse_calls
+
+    out = []
+    for p in sorted((root / "check").glob("check-*.json")):
+        name = p.stem.removeprefix("check-")
+        rows_f = root / "check" / f"regime_check_{name}.jsonl"
+        if not rows_f.is_file():
+            continue
+        c = json.loads(p.read_text())
+        profs = [Profile.from_dict(c["raw_profiles"][k]) for k in ("before", "after")]
+        rows = {}
+        for line in rows_f.read_text().splitlines():
+            r = json.loads(line)
+            rows["block" if r["decoder"].get("accept") == "block" else r["decoder"]["name"]] = r["metrics"]
+
+        def fwd(m, beams=True):
+            return sum(n * sum(pr.cost(role, kind, b, new) for pr in profs) / 2
+                       for role, kind, b, new, n in parse_calls(m["forward_calls"]) if beams or b == 1) / 1e3
+        t1 = sum(pr.cost("target", "seq", 1, 1) for pr in profs) / 2 / 1e3
+        d = {"draft": name, "t1_ms": 1e3 * t1}
+        for dec, m in rows.items():
+            d[dec] = {"forward_measured_over_profile": m["forward_time_s"] / fwd(m),
+                      "harness_per_step_t1": (m["total_decode_s"] - m["forward_time_s"]) / m["target_forwards"] / t1,
+                      "forward_s_per_step": m["forward_time_s"] / m["target_forwards"]}
+        if "mtad" in rows and "speculative" in rows:
+            m, scale = rows["mtad"], rows["speculative"]["forward_time_s"] / fwd(rows["speculative"])
+            nb = sum(n for _, _, b, _, n in parse_calls(m["forward_calls"]) if b > 1)
+            d["beam_step_in_decode_t1"] = (m["forward_time_s"] / scale - fwd(m, beams=False)) / nb / t1
+            d["beam_step_isolated_t1"] = sum(pr.cost("draft", "seq", 4, 1) for pr in profs) / 2 / 1e3 / t1
+            d["mtad_over_spec_forward_per_step"] = d["mtad"]["forward_s_per_step"] / d["speculative"]["forward_s_per_step"]
+        out.append(d)
     return out
 
 
@@ -290,6 +330,18 @@ def markdown(res: dict) -> str:
                     continue
                 cells += [_ci(v["measured"], 3), f"{v['predicted']:.3f}", f"{100 * v['error']:+.1f} %"]
             out.append(f"| {name} | {p['decoder']} | " + " | ".join(cells) + " |")
+    out += ["", "Where the time went (from each run's own counters; t1 = one target step at the profiles' mean):", "",
+            "| draft | forward time measured / isolated profile: sampling, speculative, block, MTAD | harness time per "
+            "step (t1): speculative, MTAD | MTAD beam step in the decode / isolated (t1) | MTAD / speculative "
+            "forward time per step |", "|" + " --- |" * 5]
+    for d in res.get("diagnosis", []):
+        if "beam_step_in_decode_t1" not in d:
+            continue
+        out.append(f"| {d['draft']} | " + ", ".join(f"{d[k]['forward_measured_over_profile']:.2f}"
+                                                    for k in ("sampling", "speculative", "block", "mtad")) +
+                   f" | {d['speculative']['harness_per_step_t1']:.3f}, {d['mtad']['harness_per_step_t1']:.3f} | "
+                   f"{d['beam_step_in_decode_t1']:.3f} / {d['beam_step_isolated_t1']:.3f} | "
+                   f"{d['mtad_over_spec_forward_per_step']:.2f} |")
     out += ["", "| draft | α | MTAD / speculative measured [95 % CI] | predicted | MTAD / block measured | predicted | "
             "BE ratio MTAD/spec (decoder) | c | c_W | v |", "|" + " --- |" * 10]
     for m in res["measured"]:
