@@ -391,12 +391,17 @@ def figure(res: dict, path: Path) -> None:
     for ax, key, title in ((axes[0, 0], "vs_spec", "block-efficiency ratio MTAD / token-wise speculative"),
                            (axes[0, 1], "vs_block", "block-efficiency ratio MTAD / block verification")):
         key_m = "spec" if key == "vs_spec" else "block"
+        real = np.array([r["oracle_mix"] is None for r in rows])
         for k, t in enumerate(TAUS):
             y = np.array([r[key][t][0] for r in rows])
             yerr = np.array([[r[key][t][0] - r[key][t][1], r[key][t][2] - r[key][t][0]] for r in rows]).T
-            ax.errorbar(x + 0.004 * (k - 2), y, yerr=yerr, xerr=xerr if k == 2 else None, fmt="o-", ms=4, lw=1,
-                        capsize=2, color=colors[t], label=f"MTAD joint rule τ = {t}, same-draft study "
-                        "(x offset ±0.008 for legibility; α interval on τ = 0.5)")
+            for sel, fmt, mfc, lab in ((real, "o-", None, f"MTAD joint rule τ = {t}, same-draft study, real drafts "
+                                        "(x offset ±0.008 for legibility; α interval on τ = 0.5)"),
+                                       (~real, "o", "white", f"same, τ = {t}, oracle mixtures (not connected)")):
+                if sel.any():
+                    ax.errorbar(x[sel] + 0.004 * (k - 2), y[sel], yerr=yerr[:, sel],
+                                xerr=xerr[:, sel] if k == 2 else None, fmt=fmt, ms=4, lw=1, capsize=2,
+                                color=colors[t], mfc=mfc, label=lab)
         for r in rows:
             if r["oracle_mix"] is not None:
                 ax.annotate(f"oracle λ={r['oracle_mix']:g}", (r["alpha"][0], r[key]["0.5"][0]), fontsize=7,
@@ -418,14 +423,16 @@ def figure(res: dict, path: Path) -> None:
             ax.plot(*zip(*own), "s", color="#1f78b4", mfc="none", ms=8,
                     label="simulated, this CPU, each draft at its own measured cost")
         feat = [(r["alpha"][0], r["simulated"]["cpu_feature_cost"][key]["0.5"]) for r in rows
-                if "cpu_feature_cost" in r["simulated"]]
+                if "cpu_feature_cost" in r["simulated"] and r["oracle_mix"] is None]
         if feat:
             ax.plot(*zip(*feat), "-", color="#1f78b4", lw=1.5,
-                    label="simulated, this CPU, every draft at the feature draft's cost (oracles incl.)")
+                    label="simulated from the study's histograms, this CPU, every real draft at the feature draft's cost")
+        realr = [r for r in rows if r["oracle_mix"] is None]
+        xr = np.array([r["alpha"][0] for r in realr])
         for k, col in (("llama8b_1b", "#33a02c"), ("opt13b_125m", "#6a3d9a")):
-            lo = [r["simulated"][f"{k}_lo"][key]["0.5"] for r in rows]
-            hi = [r["simulated"][f"{k}_hi"][key]["0.5"] for r in rows]
-            ax.fill_between(x, np.minimum(lo, hi), np.maximum(lo, hi), color=col, alpha=0.25,
+            lo = [r["simulated"][f"{k}_lo"][key]["0.5"] for r in realr]
+            hi = [r["simulated"][f"{k}_hi"][key]["0.5"] for r in realr]
+            ax.fill_between(xr, np.minimum(lo, hi), np.maximum(lo, hi), color=col, alpha=0.25,
                             label=f"PROJECTION: {GPU_PROFILES[k][0].removeprefix('GPU, ')} on a GPU "
                                   f"(declared c {GPU_PROFILES[k][1][0]:g}–{GPU_PROFILES[k][1][1]:g}, v 1.0–1.1)")
         meas = res["measured"]
@@ -450,7 +457,7 @@ def figure(res: dict, path: Path) -> None:
             for lbl, v in PAPER_HEADLINES:
                 ax.axhline(v, color="k", lw=0.8, ls="--")
                 ax.text(0.99, v, f"paper headline vs speculative, {lbl}: {v}× (no α given) ", fontsize=7,
-                        va="bottom", ha="right", transform=ax.get_yaxis_transform())
+                        va="top", ha="right", transform=ax.get_yaxis_transform())
         ax.axhline(1, color="grey", lw=0.8, ls=":")
         _finish(ax, title, "speed-up (ratio of ms/token)")
     fig.suptitle("When does joint verification pay? Target SmolLM2-135M-Instruct (bf16) with drafts of increasing "
