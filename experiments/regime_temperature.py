@@ -8,7 +8,7 @@ feature pair, GSM8K: MTAD (τ = 0.5, T = 1), lossless speculative decoding at T 
 output has exactly the law of sampling at that T). The temperature whose output perplexity matches MTAD's is
 read off the sweep (linear interpolation of log perplexity in T; the nearest swept T is the comparison run);
 MTAD is compared with speculative decoding at that T in speed, perplexity and distinct-2 with paired 95 %
-intervals over prompts. Writes ``results/regimes/temperature/temperature.json`` and ``.md``.
+intervals over prompts. Writes ``results/regimes/temperature/temperature.json``.
 """
 from __future__ import annotations
 
