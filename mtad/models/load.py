@@ -24,6 +24,7 @@ from mtad.models.draft_head import HEAD_MODES, install_head
 from mtad.models.feature_draft import FeatureDraft, is_feature_config
 from mtad.models.pair import ModelPair
 from mtad.models.quantize import QUANTIZE, quantize_target
+from mtad.models.selfspec import derived_draft, is_derived
 from mtad.models.tiny import tiny_pair
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,7 @@ def _warn_slow_bf16(cfg: "ModelConfig", pair: ModelPair) -> None:
 def _cheaper_passes(cfg: ModelConfig, pair: ModelPair) -> None:
     """``model.draft_head`` on the draft (after it is tied), then ``model.quantize`` on the target."""
     if pair.draft is not None:
-        local = resolve_local(cfg.draft) if cfg.draft else None
+        local = resolve_local(cfg.draft) if cfg.draft and not is_derived(cfg.draft) else None
         if cfg.draft_head != "full" and next(pair.draft.parameters()).device.type != "cpu" and "int8" in cfg.draft_head:
             raise ValueError(f"model.draft_head={cfg.draft_head} is a CPU option: use model.device=cpu or "
                              "draft_head=full/reduced")
@@ -193,7 +194,9 @@ def _load_smollm2(cfg: ModelConfig) -> ModelPair:
     device = resolve_device(cfg.device)
     target, tok = smollm2.load(dtype=cfg.dtype, device=str(device), attn_implementation=cfg.attn_implementation)
     draft = None
-    if cfg.draft:
+    if is_derived(cfg.draft):  # the target itself, quantised or with layers skipped (mtad.models.selfspec)
+        draft = derived_draft(cfg.draft, target)
+    elif cfg.draft:
         path = resolve_local(cfg.draft)
         if path is None:
             raise FileNotFoundError(

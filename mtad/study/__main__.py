@@ -52,6 +52,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=0.9)
     p.add_argument("--tv-contexts", type=int, default=4, help="fixed contexts for the TV estimate (one per prompt)")
     p.add_argument("--tv-draws", type=int, default=400, help="fresh drafts per fixed context")
+    p.add_argument("--mtad-taus", type=float, nargs="+", default=[0.1, 0.5, 0.9], help="MTAD joint-rule τ values")
+    p.add_argument("--oracle-mix", type=float, default=None,
+                   help="λ: draft from the oracle mixture λ·q + (1−λ)·p (hardware-free accepted lengths only)")
+    p.add_argument("--continuation-cache", default=None,
+                   help="a JSON file that keeps the target's continuations for runs that differ in the draft only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--out", default=str(REPO_ROOT / "results" / "published" / "verifiers"))
@@ -59,7 +64,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-raw", default=None, help="also pickle the per-context measurements here (re-render)")
     p.add_argument("--render-raw", default=None, help="write the outputs from a --save-raw file; run nothing")
     p.add_argument("overrides", nargs="*", help="Hydra overrides of the model/task configs")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # Hydra overrides may come before or after options
     for key in ("prompts", "tokens", "stride", "gamma", "tv_draws", "threads"):
         if getattr(args, key) < 1:
             p.error(f"--{key.replace('_', '-')}={getattr(args, key)} is out of range: an integer >= 1")
@@ -70,13 +75,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def verifiers(args: argparse.Namespace, argv: Sequence[str]) -> list[Path]:
     torch.set_num_threads(args.threads)
+    if args.continuation_cache:
+        from mtad.study import verifiers as study_verifiers
+        study_verifiers.CONTINUATION_CACHE = args.continuation_cache
     dec = DecoderConfig(name="speculative", gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
                         top_p=args.top_p, max_new_tokens=args.tokens)
     if dec.temperature == 0:
         raise ValueError("--temperature=0 is out of range for this study: at T = 0 every rule is exact matching")
     models, results, pairing, t0 = None, [], {}, time.perf_counter()
     sha = git_info(REPO_ROOT)[0]  # the code that runs: read before the (long) study, not after
-    rule_list = rules()
+    rule_list = rules(mtad_taus=tuple(args.mtad_taus))
     configs = [OmegaConf.to_container(compose_job([f"model={args.model}", f"task={task_name}",
                                                    f"task.n_prompts={args.prompts}", "task.few_shot=0",
                                                    "task.max_prompt_tokens=512", *args.overrides]), resolve=True)
@@ -93,7 +101,7 @@ def verifiers(args: argparse.Namespace, argv: Sequence[str]) -> list[Path]:
                    if p.ids]
         res = run_task(models, prompts, task_name, rule_list, dec, tokens=args.tokens, stride=args.stride,
                        how=args.continuation, tv_contexts=min(args.tv_contexts, len(prompts)),
-                       tv_draws=args.tv_draws, seed=args.seed)
+                       tv_draws=args.tv_draws, seed=args.seed, mix=args.oracle_mix)
         pairing[task_name] = pairing_failures(res)
         if pairing[task_name]:
             raise RuntimeError(f"{task_name}: the lossless replica disagrees in {pairing[task_name]} contexts: "
@@ -105,7 +113,8 @@ def verifiers(args: argparse.Namespace, argv: Sequence[str]) -> list[Path]:
             "command": "python -m mtad.study " + " ".join(argv), "gamma": args.gamma, "tokens": args.tokens,
             "stride": args.stride, "continuation": args.continuation, "temperature": args.temperature,
             "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed, "n_boot": N_BOOT, "pairing": pairing,
-            "tasks": args.tasks, "prompts": args.prompts}
+            "tasks": args.tasks, "prompts": args.prompts, "mtad_taus": list(args.mtad_taus),
+            "oracle_mix": args.oracle_mix}
     if args.save_raw:
         Path(args.save_raw).write_bytes(pickle.dumps({"meta": meta, "tasks": [to_plain(r) for r in results]}))
     return write(results, meta, args)
@@ -119,7 +128,8 @@ def write(results, meta: dict, args: argparse.Namespace) -> list[Path]:
 def render_raw(args: argparse.Namespace) -> list[Path]:
     """The outputs from a ``--save-raw`` file (our own pickle: load only files this command wrote)."""
     saved = pickle.loads(Path(args.render_raw).read_bytes())
-    return write([from_plain(d, rules()) for d in saved["tasks"]], saved["meta"], args)
+    taus = tuple(saved["meta"].get("mtad_taus", (0.1, 0.5, 0.9)))
+    return write([from_plain(d, rules(mtad_taus=taus)) for d in saved["tasks"]], saved["meta"], args)
 
 
 def check_outputs(args: argparse.Namespace) -> None:

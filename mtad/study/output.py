@@ -109,9 +109,10 @@ def figure(rows: Sequence[dict], meta: dict, path: Path) -> None:
     for col, task in enumerate(tasks):
         sub = [r for r in rows if r["task"] == task]
         ax, low = axes[0][col], axes[1][col]
-        for r in sub:
+        no_tv = sub[0]["tv_first_token"][0] is None  # --tv-contexts 0: L per rule, rules along x
+        for j, r in enumerate(sub):
             marker, color = FAMILY_STYLE.get(r["rule"], ("x", "black"))
-            (x, xl, xh), (y, yl, yh) = r["tv_first_token"], r["mean_accept_length"]
+            (x, xl, xh), (y, yl, yh) = (j, j, j) if no_tv else r["tv_first_token"], r["mean_accept_length"]
             h = ax.errorbar([x], [y], xerr=[[max(x - xl, 0)], [max(xh - x, 0)]],
                             yerr=[[max(y - yl, 0)], [max(yh - y, 0)]],
                             fmt=marker, color=color, ms=12 if marker == "*" else 7, capsize=3, lw=1, mec="black",
@@ -129,6 +130,10 @@ def figure(rows: Sequence[dict], meta: dict, path: Path) -> None:
                       fontsize=8.5)
         ax.grid(alpha=0.3)
         ax.set_xlim(left=-0.004)
+        if no_tv:
+            ax.set_xticks(range(len(sub)), [r["label"] for r in sub], rotation=60, ha="right", fontsize=7)
+            ax.set_xlim(-0.5, len(sub) - 0.5)
+            ax.set_xlabel("rule (no TV measured: --tv-contexts 0)", fontsize=8.5)
         shown = [r for r in sub if r["label"] in PROFILE_RULES]
         for k, r in enumerate(shown):
             marker, color = FAMILY_STYLE.get(r["rule"], ("x", "black"))

@@ -33,7 +33,7 @@ import torch
 
 from mtad.decoding import DecoderConfig, generate
 from mtad.decoding.core import Run
-from mtad.decoding.filter import uniform
+from mtad.decoding.filter import draw, uniform
 from mtad.decoding.rules import RULES
 from mtad.decoding.speculative import draft_chain
 from mtad.report import stats
@@ -112,21 +112,40 @@ class Drafter:
     """Draft and score blocks at the contexts of one prompt, which must come in growing order (the caches
     roll back to the committed text, :meth:`mtad.decoding.kv.Session.sync`)."""
 
-    def __init__(self, models, prompt: list[int], cfg: DecoderConfig):
+    def __init__(self, models, prompt: list[int], cfg: DecoderConfig, mix: float | None = None):
         self.run = Run(prompt, cfg, set(), next(models.target.parameters()).device)
         self.target = self.run.session(models.target, "target")
         self.draft = self.run.session(models.draft, "draft")
         if getattr(models.draft, "reads_target_features", False):
             self.draft.link(self.target)
+        self.mix = mix  # λ of the oracle mixture λ·q̃ + (1 − λ)·p̃ (None: the draft itself)
+        self.oracle = None if mix is None else self.run.session(models.target, "oracle")
 
     def block(self, context: list[int], rng: torch.Generator) -> Block:
         assert context[:len(self.run.tokens)] == self.run.tokens, "contexts of one prompt must grow"
         self.run.tokens = list(context)
         K = self.run.cfg.gamma
-        x, q = draft_chain(self.draft, self.run, K, rng)  # K ids, (K, V)
+        if self.oracle is None:
+            x, q = draft_chain(self.draft, self.run, K, rng)  # K ids, (K, V)
+        else:
+            x, q = mixture_chain(self.draft, self.oracle, self.run, K, rng, self.mix)
         logits = self.target.forward(self.run.pending(self.target) + x, keep=K + 1)  # (K+1, V)
         x = torch.tensor(x, dtype=torch.long, device=self.run.device)
         return Block(x, q, self.run.filt(logits), torch.log_softmax(logits.float(), -1))
+
+
+def mixture_chain(draft, oracle, run, K: int, rng: torch.Generator, lam: float) -> tuple[list[int], torch.Tensor]:
+    """:func:`draft_chain` from the *oracle* mixture q̃_λ = λ·q̃ + (1 − λ)·p̃ (p̃ from a separate target session,
+    so a feature draft still reads the same features as without mixing). An oracle: it runs the target
+    at every draft step, so it is for hardware-free accepted lengths only, never timed."""
+    ids_d, ids_o, x, q = run.pending(draft), run.pending(oracle), [], []
+    for _ in range(K):
+        qd = run.filt(draft.forward(ids_d)[-1])  # (V,)
+        po = run.filt(oracle.forward(ids_o)[-1])  # (V,)
+        q.append(lam * qd + (1 - lam) * po)
+        ids_d = ids_o = [int(draw(q[-1], rng))]
+        x.append(ids_d[0])
+    return x, torch.stack(q)  # (K, V)
 
 
 def judge(rule_list: Sequence[Rule], blk: Block, u: torch.Tensor, v: float) -> list[tuple[int, list[int], float]]:
@@ -164,9 +183,33 @@ def continuation(models, prompt: list[int], cfg: DecoderConfig, n: int, how: str
     return generate(models, prompt, dec, torch.Generator(device=dev).manual_seed(seed)).tokens
 
 
+CONTINUATION_CACHE = None  # a JSON file of the target's continuations, shared by runs that differ in the draft only
+
+
+def cached_continuation(models, prompt: list[int], cfg: DecoderConfig, n: int, how: str, seed: int) -> list[int]:
+    """:func:`continuation`, read from / added to ``CONTINUATION_CACHE`` when it is set (the key holds the
+    target's dtype and quantisation, the prompt, the filter, the length and the seed: the target's text does not
+    depend on the draft)."""
+    if CONTINUATION_CACHE is None:
+        return continuation(models, prompt, cfg, n, how, seed)
+    import json
+    from pathlib import Path
+
+    t = models.target
+    key = hashlib.sha256(repr((str(next(t.parameters()).dtype), getattr(t, "mtad_quantize", "none"), prompt,
+                               cfg.temperature, cfg.top_k, cfg.top_p, n, how, seed)).encode()).hexdigest()
+    path = Path(CONTINUATION_CACHE)
+    store = json.loads(path.read_text()) if path.is_file() else {}
+    if key not in store:
+        store[key] = continuation(models, prompt, cfg, n, how, seed)
+        store.update(json.loads(path.read_text()) if path.is_file() else {})
+        path.write_text(json.dumps(store))
+    return store[key]
+
+
 def run_task(models, prompts: Sequence[list[int]], task: str, rule_list: Sequence[Rule], cfg: DecoderConfig, *,
              tokens: int = 64, stride: int = 4, how: str = "sampled", tv_contexts: int = 4, tv_draws: int = 500,
-             seed: int = 0, paired: bool = True) -> TaskResult:
+             seed: int = 0, paired: bool = True, mix: float | None = None) -> TaskResult:
     """The study on one task's prompts (token ids). ``paired=False`` hands every rule draws of its own (the
     negative control of the pairing check, never used for results)."""
     res, t0 = TaskResult(task, list(rule_list)), time.perf_counter()
@@ -174,8 +217,8 @@ def run_task(models, prompts: Sequence[list[int]], task: str, rule_list: Sequenc
     K = cfg.gamma
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
-            cont = continuation(models, prompt, cfg, tokens, how, seed_of(seed, task, i, "continuation"))
-            drafter = Drafter(models, prompt, cfg)
+            cont = cached_continuation(models, prompt, cfg, tokens, how, seed_of(seed, task, i, "continuation"))
+            drafter = Drafter(models, prompt, cfg, mix)
             for t in range(0, len(cont), stride):
                 rng = torch.Generator(device=dev).manual_seed(seed_of(seed, task, i, t))
                 blk = drafter.block(prompt + cont[:t], rng)
@@ -190,7 +233,7 @@ def run_task(models, prompts: Sequence[list[int]], task: str, rule_list: Sequenc
                 res.ntok.append([len(tok) for _, tok, _ in verdicts])
             if i < tv_contexts:
                 res.tv.append(first_token_laws(models, prompt + cont[:len(cont) // 2], rule_list, cfg, tv_draws,
-                                               seed_of(seed, task, i, "tv")))
+                                               seed_of(seed, task, i, "tv"), mix))
             log.info("%s: prompt %d/%d, %d contexts, %.0f s", task, i + 1, len(prompts), len(res.tau),
                      time.perf_counter() - t0)
     res.seconds = time.perf_counter() - t0
@@ -199,12 +242,12 @@ def run_task(models, prompts: Sequence[list[int]], task: str, rule_list: Sequenc
 
 @torch.inference_mode()
 def first_token_laws(models, context: list[int], rule_list: Sequence[Rule], cfg: DecoderConfig, draws: int,
-                     seed: int) -> dict:
+                     seed: int, mix: float | None = None) -> dict:
     """``draws`` fresh blocks at one fixed context; per draw and rule the law of the first committed token
     (one-hot x_1 when τ >= 1, else the law of the correction), on the support of p_1 and q_1."""
     dev = next(models.target.parameters()).device
     rng = torch.Generator(device=dev).manual_seed(seed)
-    drafter, laws, p1, support = Drafter(models, context, cfg), [], None, None
+    drafter, laws, p1, support = Drafter(models, context, cfg, mix), [], None, None
     for _ in range(draws):
         blk = drafter.block(context, rng)
         if support is None:
