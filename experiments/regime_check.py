@@ -9,6 +9,7 @@ so that the prediction uses costs from the same window (the mean of the two; the
 The simulator predicts each run's ms/token from the run's accepted-length histogram and prompt count alone;
 the error |predicted / measured − 1| of every point is written to ``results/regimes/check/check-<draft>.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,12 @@ PAIRS = {  # draft name -> Hydra overrides of the bf16 pair (results/regimes/dra
     "int8": ["model=smollm2_bf16_int8draft"],
     "skip2": ["model=smollm2_bf16_skip2"],
 }
-DECODERS = {"sampling": ["decoder=sampling"], "speculative": ["decoder=speculative"], "block": ["decoder=block"],
-            "mtad": ["decoder=mtad"]}
+DECODERS = {
+    "sampling": ["decoder=sampling"],
+    "speculative": ["decoder=speculative"],
+    "block": ["decoder=block"],
+    "mtad": ["decoder=mtad"],
+}
 GAMMA, W = 4, 4
 
 
@@ -53,36 +58,62 @@ def measure_profile(pair, prompt_len: int, context: int = 128, seconds: float = 
     """The shapes the simulator reads (target 1 and γ+1 tokens, draft 1 row and W rows at ``context``; both
     prefills of ``prompt_len``) and the harness time per step of each decoder (short decodes)."""
     vocab = pair.target.get_output_embeddings().weight.shape[0]
-    tokens = torch.randint(3, vocab, (max(context, prompt_len) + 8,), generator=torch.Generator().manual_seed(0)).tolist()
-    shapes = {"target:seq:1": [Shape("target", context, 1), Shape("target", context, GAMMA + 1),
-                               Shape("target", 0, prompt_len)],
-              "draft:seq:1": [Shape("draft", context, 1), Shape("draft", 0, prompt_len)],
-              f"draft:seq:{W}": [Shape("draft", context, 1, rows=W)]}
-    jobs = {(k, i): (pair.target if s.role == "target" else pair.draft, s)
-            for k, ss in shapes.items() for i, s in enumerate(ss)}
+    tokens = torch.randint(
+        3, vocab, (max(context, prompt_len) + 8,), generator=torch.Generator().manual_seed(0)
+    ).tolist()
+    shapes = {
+        "target:seq:1": [
+            Shape("target", context, 1),
+            Shape("target", context, GAMMA + 1),
+            Shape("target", 0, prompt_len),
+        ],
+        "draft:seq:1": [Shape("draft", context, 1), Shape("draft", 0, prompt_len)],
+        f"draft:seq:{W}": [Shape("draft", context, 1, rows=W)],
+    }
+    jobs = {
+        (k, i): (pair.target if s.role == "target" else pair.draft, s)
+        for k, ss in shapes.items()
+        for i, s in enumerate(ss)
+    }
     sec = time_forwards(jobs, tokens, reps=5, min_seconds=seconds)
-    costs = {k: sorted([[s.new if s.context else s.new, 1e3 * sec[(k, i)]] for i, s in enumerate(ss)])
-             for k, ss in shapes.items()}
+    costs = {
+        k: sorted([[s.new if s.context else s.new, 1e3 * sec[(k, i)]] for i, s in enumerate(ss)])
+        for k, ss in shapes.items()
+    }
     # a prefill of P tokens from an empty cache sits on the same curve as "P new tokens" (costmodel convention)
     prompt = tokens[:prompt_len]
     overhead = {}
-    for name, cfg in {"sampling": DecoderConfig(name="sampling", max_new_tokens=24, eos_token_id=NEVER_EOS),
-                      "speculative": DecoderConfig(name="speculative", max_new_tokens=24, eos_token_id=NEVER_EOS),
-                      "block": DecoderConfig(name="speculative", accept="block", max_new_tokens=24,
-                                             eos_token_id=NEVER_EOS),
-                      "mtad": DecoderConfig(name="mtad", max_new_tokens=24, eos_token_id=NEVER_EOS)}.items():
+    for name, cfg in {
+        "sampling": DecoderConfig(name="sampling", max_new_tokens=24, eos_token_id=NEVER_EOS),
+        "speculative": DecoderConfig(name="speculative", max_new_tokens=24, eos_token_id=NEVER_EOS),
+        "block": DecoderConfig(name="speculative", accept="block", max_new_tokens=24, eos_token_id=NEVER_EOS),
+        "mtad": DecoderConfig(name="mtad", max_new_tokens=24, eos_token_id=NEVER_EOS),
+    }.items():
         tot = time_decodes(pair, cfg, [prompt] * 2, [1, 2])
         overhead[name] = 1e3 * max(0.0, tot["wall_s"] - tot["forward_s"]) / max(tot["target_forwards"], 1)
     env = environment_info([pair.device])
-    return Profile(hardware=env["device_name"], pair=pair.name, costs_ms=costs, overhead_ms=overhead,
-                   num_threads=torch.get_num_threads(), context_tokens=context, reps=5,
-                   measured=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    return Profile(
+        hardware=env["device_name"],
+        pair=pair.name,
+        costs_ms=costs,
+        overhead_ms=overhead,
+        num_threads=torch.get_num_threads(),
+        context_tokens=context,
+        reps=5,
+        measured=time.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
 
 
 def mean_profile(a: CostProfile, b: CostProfile) -> CostProfile:
-    return a.replace(label="mean of the profiles before and after the runs", t1=(a.t1 + b.t1) / 2,
-                     c=(a.c + b.c) / 2, c_W=(a.c_W + b.c_W) / 2, v=(a.v + b.v) / 2, prefill=(a.prefill + b.prefill) / 2,
-                     overhead={k: (a.overhead[k] + b.overhead[k]) / 2 for k in a.overhead})
+    return a.replace(
+        label="mean of the profiles before and after the runs",
+        t1=(a.t1 + b.t1) / 2,
+        c=(a.c + b.c) / 2,
+        c_W=(a.c_W + b.c_W) / 2,
+        v=(a.v + b.v) / 2,
+        prefill=(a.prefill + b.prefill) / 2,
+        overhead={k: (a.overhead[k] + b.overhead[k]) / 2 for k in a.overhead},
+    )
 
 
 def records(row: dict, search) -> dict:
@@ -90,16 +121,24 @@ def records(row: dict, search) -> dict:
 
 
 def check(name: str, prompts: int, tokens: int, out_dir: Path) -> dict:
-    overrides = [*PAIRS[name], "task=gsm8k", f"task.n_prompts={prompts}", "task.few_shot=0",
-                 f"decoder.max_new_tokens={tokens}", "num_threads=1", "warmup=1", f"name=regime_check_{name}",
-                 "progress=false", f"results_dir={out_dir}"]
+    overrides = [
+        *PAIRS[name],
+        "task=gsm8k",
+        f"task.n_prompts={prompts}",
+        "task.few_shot=0",
+        f"decoder.max_new_tokens={tokens}",
+        "num_threads=1",
+        "warmup=1",
+        f"name=regime_check_{name}",
+        "progress=false",
+        f"results_dir={out_dir}",
+    ]
     cfgs = [compose_job([*DECODERS[d], *overrides]) for d in DECODERS]
     mcfg = ModelConfig.from_any(OmegaConf.to_container(cfgs[0], resolve=True)["model"])
     pair = load_pair(mcfg)
     task_cfg = OmegaConf.to_container(cfgs[0], resolve=True)["task"]
     task = get_task(TaskConfig.from_any(task_cfg))
-    P = int(statistics.mean(len(task.encode(s, pair.tokenizer, 0, (), mcfg.chat_template).ids)
-                            for s in task.samples()))
+    P = int(statistics.mean(len(task.encode(s, pair.tokenizer, 0, (), mcfg.chat_template).ids) for s in task.samples()))
     t0 = time.perf_counter()
     before = measure_profile(pair, prompt_len=P)
     log.info("%s: profile before, %.0f s", name, time.perf_counter() - t0)
@@ -108,7 +147,9 @@ def check(name: str, prompts: int, tokens: int, out_dir: Path) -> dict:
     recs = [records(r, [out_dir]) for r in rows]
     after = measure_profile(pair, prompt_len=P)
     log.info("%s: profile after, %.0f s", name, time.perf_counter() - t0)
-    profs = {k: CostProfile.from_profile(p, GAMMA, W, prompt_tokens=P) for k, p in (("before", before), ("after", after))}
+    profs = {
+        k: CostProfile.from_profile(p, GAMMA, W, prompt_tokens=P) for k, p in (("before", before), ("after", after))
+    }
     profs["mean"] = mean_profile(profs["before"], profs["after"])
     points = []
     for d, row, rec in zip(DECODERS, rows, recs):
@@ -118,14 +159,25 @@ def check(name: str, prompts: int, tokens: int, out_dir: Path) -> dict:
         n = [x["n_tokens"] for x in rec.values()]
         measured = prompt_interval(t, n)
         pred = {k: predict(hist, d, p, GAMMA, prompts=m["n_samples"]) for k, p in profs.items()}
-        points.append({"draft": name, "decoder": d, "measured_ms_per_token": measured,
-                       "predicted_ms_per_token": pred["mean"], "predicted_before": pred["before"],
-                       "predicted_after": pred["after"], "error": pred["mean"] / measured[0] - 1,
-                       "block_efficiency": m["block_efficiency"], "acceptance_rate": m["acceptance_rate"],
-                       "mean_accept_length": (m["acceptance_profile"] or {}).get("mean_accept_length"),
-                       "histogram": {str(k): v for k, v in hist.items()}, "n_prompts": m["n_samples"],
-                       "tokens": m["total_tokens"], "distinct_2": m.get("distinct_2"),
-                       "per_prompt": [[x["time_s"], x["n_tokens"]] for x in rec.values()]})
+        points.append(
+            {
+                "draft": name,
+                "decoder": d,
+                "measured_ms_per_token": measured,
+                "predicted_ms_per_token": pred["mean"],
+                "predicted_before": pred["before"],
+                "predicted_after": pred["after"],
+                "error": pred["mean"] / measured[0] - 1,
+                "block_efficiency": m["block_efficiency"],
+                "acceptance_rate": m["acceptance_rate"],
+                "mean_accept_length": (m["acceptance_profile"] or {}).get("mean_accept_length"),
+                "histogram": {str(k): v for k, v in hist.items()},
+                "n_prompts": m["n_samples"],
+                "tokens": m["total_tokens"],
+                "distinct_2": m.get("distinct_2"),
+                "per_prompt": [[x["time_s"], x["n_tokens"]] for x in rec.values()],
+            }
+        )
     base = {p["decoder"]: p for p in points}
     for p, rec in zip(points, recs):
         for ref in ("sampling", "speculative"):
@@ -134,13 +186,21 @@ def check(name: str, prompts: int, tokens: int, out_dir: Path) -> dict:
             iv = stats.compare("speedup", rec, recs[list(DECODERS).index(ref)])
             pred = base[ref]["predicted_ms_per_token"] / p["predicted_ms_per_token"]
             meas = iv.point if iv is not None else None
-            p[f"speedup_vs_{ref}"] = {"measured": [meas, iv.low, iv.high] if iv is not None else None,
-                                     "predicted": pred, "error": pred / meas - 1 if meas else None}
-    out = {"draft": name, "overrides": overrides, "points": points,
-           "profiles": {k: vars(v) | {"overhead": dict(v.overhead)} for k, v in profs.items()},
-           "raw_profiles": {"before": json.loads(before.to_json()), "after": json.loads(after.to_json())},
-           "prompt_tokens_mean": P, "seconds": time.perf_counter() - t0,
-           "command": "python experiments/regime_check.py " + " ".join(sys.argv[1:])}
+            p[f"speedup_vs_{ref}"] = {
+                "measured": [meas, iv.low, iv.high] if iv is not None else None,
+                "predicted": pred,
+                "error": pred / meas - 1 if meas else None,
+            }
+    out = {
+        "draft": name,
+        "overrides": overrides,
+        "points": points,
+        "profiles": {k: vars(v) | {"overhead": dict(v.overhead)} for k, v in profs.items()},
+        "raw_profiles": {"before": json.loads(before.to_json()), "after": json.loads(after.to_json())},
+        "prompt_tokens_mean": P,
+        "seconds": time.perf_counter() - t0,
+        "command": "python experiments/regime_check.py " + " ".join(sys.argv[1:]),
+    }
     (out_dir / f"check-{name}.json").write_text(json.dumps(out, indent=1, default=float))
     return out
 
@@ -162,8 +222,14 @@ def main(argv=None) -> int:
             continue
         r = check(name, args.prompts, args.tokens, out)
         for p in r["points"]:
-            log.info("%s %s: measured %.1f ms/token, predicted %.1f (error %+.1f %%)", name, p["decoder"],
-                     p["measured_ms_per_token"][0], p["predicted_ms_per_token"], 100 * p["error"])
+            log.info(
+                "%s %s: measured %.1f ms/token, predicted %.1f (error %+.1f %%)",
+                name,
+                p["decoder"],
+                p["measured_ms_per_token"][0],
+                p["predicted_ms_per_token"],
+                100 * p["error"],
+            )
     return 0
 
 

@@ -16,6 +16,7 @@ Specs (after the ``target:`` prefix; comma-separated ranges are inclusive, 0-bas
   norm and head (its embedding and head are shared with the target, not copied).
 - ``first=20``: shorthand for ``layers=0-19`` (early exit after 20 layers).
 """
+
 from __future__ import annotations
 
 import copy
@@ -52,7 +53,7 @@ def parse(spec: str) -> DerivedSpec:
     the spec otherwise."""
     if not is_derived(spec):
         raise ValueError(f"model.draft={spec!r} is not a derived draft (it starts with {PREFIX!r})")
-    body = spec[len(PREFIX):].strip()
+    body = spec[len(PREFIX) :].strip()
     try:
         if body in ("int8", "int8body"):
             return DerivedSpec(quantize=body)
@@ -71,7 +72,10 @@ def parse(spec: str) -> DerivedSpec:
             return DerivedSpec(layers=layers)
     except ValueError as err:
         raise ValueError(f"model.draft={spec!r}: {err}") from None
-    raise ValueError(f"model.draft={spec!r}: expected target:int8, target:int8body, target:w<bits>g<group>, target:layers=<ranges> or target:first=<k>")
+    raise ValueError(
+        f"model.draft={spec!r}: expected target:int8, target:int8body, target:w<bits>g<group>, "
+        "target:layers=<ranges> or target:first=<k>"
+    )
 
 
 def skip_layers(target, keep: tuple[int, ...]):
@@ -122,8 +126,8 @@ def fake_quantize_(w: torch.Tensor, bits: int, group: int) -> None:
     g = group if group and cols % group == 0 else cols
     x = w.detach().float().reshape(out, cols // g, g)  # (out, groups, g)
     lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
-    scale = ((hi - lo) / (2 ** bits - 1)).clamp_min(1e-12)
-    q = ((x - lo) / scale).round().clamp(0, 2 ** bits - 1)
+    scale = ((hi - lo) / (2**bits - 1)).clamp_min(1e-12)
+    q = ((x - lo) / scale).round().clamp(0, 2**bits - 1)
     w.copy_((q * scale + lo).reshape(out, cols).to(w.dtype))
 
 
@@ -131,8 +135,13 @@ def weight_only_copy(target, bits: int, group: int):
     """A copy of the target whose Linear weights (head included, untied) are weight-only quantised."""
     draft = copy.deepcopy(target)
     head = draft.get_output_embeddings()
-    draft.lm_head = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None,
-                              dtype=head.weight.dtype, device=head.weight.device)
+    draft.lm_head = nn.Linear(
+        head.in_features,
+        head.out_features,
+        bias=head.bias is not None,
+        dtype=head.weight.dtype,
+        device=head.weight.device,
+    )
     with torch.no_grad():
         draft.lm_head.load_state_dict(head.state_dict())
         for m in draft.modules():
