@@ -33,7 +33,7 @@ def test_every_published_row_has_its_records_tracked_by_git():
     for rows_file in sorted(PUBLISHED.glob("*.jsonl")):
         for row in load_results(rows_file):
             where = stats.resolve_run_dir(row.get("run_dir"), [PUBLISHED])
-            rel = str((where / "samples.jsonl").relative_to(REPO_ROOT)) if where else None
+            rel = str((where / "samples.jsonl").resolve().relative_to(REPO_ROOT)) if where else None
             if rel not in tracked:
                 missing.append(f"{rows_file.name}: {row['run_id']} (run_dir {row.get('run_dir')})")
     assert not missing, missing

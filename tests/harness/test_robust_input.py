@@ -150,8 +150,8 @@ def test_good_numbers_pass_the_same_checks(tmp_path, data_file):
     """Control: finite values in range compose and pass the checks (inf stays allowed where documented)."""
     from mtad.harness.config import check_settings
 
-    check_settings(_cfg(tmp_path, data_file, "decoder.temperature=0.5", "task.timeout_s=2.5", "num_threads=1",
-                        "decoder.fuzzy_threshold=inf", "decoder.eos_token_id=0", "seed=3"))
+    check_settings(_cfg(tmp_path, data_file, "decoder=fuzzy", "decoder.temperature=0.5", "task.timeout_s=2.5",
+                        "num_threads=1", "decoder.fuzzy_threshold=inf", "decoder.eos_token_id=0", "seed=3"))
 
 
 # ---- 21.4: a row the tokenizer cannot take is skipped and counted ----------------------------------------------
