@@ -27,6 +27,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from mtad.models.quantize import LAYER_KINDS, quantize_target
+
 PREFIX = "target:"
 
 
@@ -107,7 +109,6 @@ def skip_layers(target, keep: tuple[int, ...]):
 def int8_copy(target, head: bool = True):
     """A float32 copy of the target with its Linear layers in dynamic int8 (``mtad.models.quantize``); the
     output head too unless ``head`` is False."""
-    from mtad.models.quantize import LAYER_KINDS, quantize_target
 
     draft = copy.deepcopy(target).float()
     if draft.get_input_embeddings().weight.device.type != "cpu":

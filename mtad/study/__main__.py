@@ -29,6 +29,7 @@ from mtad.harness.rows import environment_info, git_info
 from mtad.harness.sweep import compose_job
 from mtad.models.load import ModelConfig, load_pair
 from mtad.study import output
+from mtad.study import verifiers as study_verifiers
 from mtad.study.verifiers import N_BOOT, from_plain, pairing_failures, rules, run_task, summarize, to_plain
 from mtad.tasks.base import TaskConfig, get_task
 
@@ -76,7 +77,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def verifiers(args: argparse.Namespace, argv: Sequence[str]) -> list[Path]:
     torch.set_num_threads(args.threads)
     if args.continuation_cache:
-        from mtad.study import verifiers as study_verifiers
         study_verifiers.CONTINUATION_CACHE = args.continuation_cache
     dec = DecoderConfig(name="speculative", gamma=args.gamma, temperature=args.temperature, top_k=args.top_k,
                         top_p=args.top_p, max_new_tokens=args.tokens)

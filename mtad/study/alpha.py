@@ -14,6 +14,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mtad._util.paths import REPO_ROOT, default_data_dir
+from mtad.models import smollm2
+from mtad.models.draft_head import HEAD_FILE, install_head
+from mtad.models.load import load_tied_draft, resolve_local
+from mtad.models.selfspec import derived_draft, is_derived
 from mtad.study.stats import prompt_interval
 from mtad.train.config import TrainDraftConfig
 from mtad.train.corpus import Corpus
@@ -69,9 +74,6 @@ def mixture_alpha(alpha: list[float], lam: float) -> list[float]:
 def load_draft(spec: str, target, head: str = "reduced"):
     """A draft of the fp32 target: ``target:...`` (mtad.models.selfspec) or a tied export's directory, with the
     card's inference head (``reduced`` for exports that have one)."""
-    from mtad.models.draft_head import HEAD_FILE, install_head
-    from mtad.models.load import load_tied_draft, resolve_local
-    from mtad.models.selfspec import derived_draft, is_derived
 
     if is_derived(spec):
         return derived_draft(spec, target)
@@ -90,8 +92,6 @@ def main(argv=None) -> int:
     import json
     import time
 
-    from mtad._util.paths import REPO_ROOT, default_data_dir
-    from mtad.models import smollm2
 
     ap = argparse.ArgumentParser(prog="python -m mtad.study.alpha", description=main.__doc__.split("\n")[0])
     ap.add_argument("drafts", nargs="+", help="name=draft (models/smollm2-draft, /tmp/mtad-lineage/run1, target:int8)")

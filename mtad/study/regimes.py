@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from mtad._util.paths import REPO_ROOT
+from mtad.measure.costmodel import Profile, parse_calls
+from mtad.measure.costmodel import predict as predict_calls
 from mtad.measure.simulate import GPU_PROFILES, CostProfile, declared, predict
 from mtad.study.alpha import mixture_alpha
 from mtad.study.stats import CONFIDENCE, N_BOOT
@@ -93,8 +95,6 @@ def checks(root: Path = ROOT) -> dict[str, dict]:
     """The simulator checks, each point with a second prediction from the run's own forward counts (the cost
     model's :func:`~mtad.measure.costmodel.predict` on the mean of the two profiles): where the two predictions
     agree and miss the measurement, the per-forward costs moved; where they differ, the step model did."""
-    from mtad.measure.costmodel import Profile
-    from mtad.measure.costmodel import predict as predict_calls
 
     out = {}
     for p in sorted((root / "check").glob("check-*.json")):
@@ -283,7 +283,6 @@ def diagnose(root: Path = ROOT) -> list[dict]:
     measured / predicted by the isolated profile (mean of before and after), harness time per step, and the
     cost of one MTAD beam step inferred from the MTAD run's forward time (its other forwards at the profile's
     costs scaled by the speculative run's measured/predicted ratio), all in target steps t1."""
-    from mtad.measure.costmodel import Profile, parse_calls
 
     out = []
     for p in sorted((root / "check").glob("check-*.json")):
