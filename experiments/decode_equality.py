@@ -3,8 +3,8 @@ row's decoder config, on tiny models (llama, opt; token draft and feature draft)
 seeds, three prompts one at a time (and together where the decoder batches). Writes a JSON of tokens and
 accounting per case; ``--compare OLD`` counts the cases that differ. Run it once per tree, from that tree:
 
-    cd <old tree> && PYTHONPATH=$PWD python experiments/decode_equality.py /tmp/old.json
-    cd <new tree> && PYTHONPATH=$PWD python experiments/decode_equality.py /tmp/new.json --compare /tmp/old.json
+    cd <old tree> && PYTHONPATH=$PWD python experiments/decode_equality.py old.json
+    cd <new tree> && PYTHONPATH=$PWD python experiments/decode_equality.py new.json --compare old.json
 """
 from __future__ import annotations
 

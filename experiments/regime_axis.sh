@@ -2,7 +2,7 @@
 # The same-draft verifier study along the draft-strength axis, one draft after another (checkpointed: a draft
 # whose rows exist is skipped; the list results/regimes/drafts.tsv is re-read after each draft, so lines can be
 # appended while it runs). One thread. Run in the background:
-#   nohup nice -n 5 experiments/regime_axis.sh > /work/logs/regime_axis.log 2>&1 &
+#   nohup nice -n 5 experiments/regime_axis.sh > regime_axis.log 2>&1 &
 # Settings: 20 prompts per task (GSM8K, MT-Bench), 48 tokens, a context every 6, gamma 4, T = 1, top-k 10,
 # top-p 0.9; MTAD joint rule at tau 0.1/0.3/0.5/0.7/0.9; TV at 2 fixed contexts x 100 drafts.
 set -uo pipefail

@@ -1,4 +1,4 @@
-"""Nothing lost, nothing deleted that the run did not create (issues 13 and 14, harness part).
+"""Nothing lost, nothing deleted that the run did not create.
 
 Each test names the issue item it covers. CLI runs use a subprocess with ``cwd`` in a tmp dir and
 ``PYTHONPATH`` on this checkout; the rest runs in-process on ``model=tiny``.

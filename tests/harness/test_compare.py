@@ -1,4 +1,4 @@
-"""The main job (``make run`` = ``python -m mtad.harness.compare``, issue 24): decoders interleaved prompt by
+"""The main job (``make run`` = ``python -m mtad.harness.compare``): decoders interleaved prompt by
 prompt on one loaded pair give the same outputs and rows as separate runs; the table and its reading line say
 only what the intervals support; a rerun decodes nothing; bad input is one line, exit 2."""
 from __future__ import annotations

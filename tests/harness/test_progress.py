@@ -1,4 +1,4 @@
-"""The progress bar and the summary table (mtad/harness/progress.py), and the default config (issue 11, item 5)."""
+"""The progress bar and the summary table (mtad/harness/progress.py), and the default config."""
 from __future__ import annotations
 
 import io
