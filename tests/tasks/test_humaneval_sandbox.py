@@ -379,3 +379,17 @@ def test_the_row_records_which_sandbox_ran(tmp_path):
     assert run(cfg("task.sandbox=none"), run_dir=tmp_path / "b")["metrics"]["sandbox"] == "unsandboxed"
     with pytest.raises(ValueError, match="task.sandbox"):
         TaskConfig(name="humaneval", sandbox="docker")
+
+
+@pytest.mark.parametrize("name,text,kills", [
+    ("memory.events", "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n", 1),
+    ("memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n", 2),
+    ("memory.events", "low 0\nhigh 0\nmax 3\noom 0\noom_kill 0\n", 0),  # control: the limit was hit, nobody killed
+    ("memory.stat", "oom_kill 5\n", 0),  # control: another file saying it is not read
+])
+def test_oom_kills_are_read_from_the_cgroup(tmp_path, name, text, kills):
+    """A child the OOM killer ended makes the verdict ``memory`` even when the candidate ignores its death."""
+    from mtad.tasks.sandbox.worker import oom_kills
+
+    (tmp_path / name).write_text(text)
+    assert oom_kills(str(tmp_path)) == kills

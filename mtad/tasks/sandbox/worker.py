@@ -108,6 +108,17 @@ def _cgroup(limit_bytes):
     return None
 
 
+def oom_kills(path):
+    """How many processes the kernel's OOM killer ended in the cgroup at ``path`` (v2 ``memory.events``, v1
+    ``memory.oom_control``); 0 where neither file says. A killed child the candidate ignores still counts."""
+    for name in ("memory.events", "memory.oom_control"):
+        for line in _read(f"{path}/{name}").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+    return 0
+
+
 def _read(path):
     try:
         with open(path) as f:
@@ -352,6 +363,8 @@ def _judge(job, out):
             signal.setitimer(signal.ITIMER_REAL, 0)
     except Failed as err:  # the alarm rang between the check and disarming it
         status, message = err.status, str(err)
+    if jail.cgroup and status in ("passed", "failed") and oom_kills(jail.cgroup):
+        status, message = "memory", f"the candidate's processes used more than {job['memory_mb']} MB in total"
     return status, message, jail, jail.close()
 
 
