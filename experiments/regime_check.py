@@ -2,12 +2,21 @@
 
     .venv/bin/python experiments/regime_check.py --pair run5 --pair token [--prompts 10] [--tokens 48]
 
-For each draft: a cost profile (c, c_W, v, prefill, harness time per step) measured just before the runs, the
-interleaved runs of sampling, speculative, block verification and MTAD (``mtad.harness.runner.run_interleaved``,
-as ``python -m mtad.harness.compare`` runs them; paired intervals over prompts), and a second profile just after,
-so that the prediction uses costs from the same window (the mean of the two; the two alone bracket the drift).
-The simulator predicts each run's ms/token from the run's accepted-length histogram and prompt count alone;
-the error |predicted / measured − 1| of every point is written to ``results/regimes/check/check-<draft>.json``.
+For each draft, a **cost profile from the decoders' own forwards**: each decoder decodes a few
+calibration prompts (GSM8K *train*, never evaluated; half before the runs, half after, pooled, and each half
+alone to bracket the drift), and the CPU seconds of every forward shape it ran (the
+core's per-shape clock, ``DecodeResult.call_cpu_s``) give t1 (a target step), c (a draft step), c_W (a draft
+step of W beam rows, with its features and reorders), v (a target pass over γ + 1 tokens), each decoder's
+harness time per step (CPU time outside forwards) and its cost per prompt that the steps leave out (prefills,
+a last single-token step). Then the interleaved runs of
+sampling, speculative, block verification and MTAD on the evaluated prompts (GSM8K test;
+``mtad.harness.runner.run_interleaved``, as ``python -m mtad.harness.compare`` runs them). The simulator
+predicts each run's ms/token from the run's accepted-length histogram and prompt count alone; a second
+prediction reads the run's own forward counts. Both are compared with the run's measured **CPU** ms/token
+(CPU seconds, little moved by other processes on a shared machine; with one thread, the wall time of a quiet
+one), and the wall-clock figures are kept beside them. Every point's error (predicted / measured − 1) goes to
+``results/regimes/check/check-<draft>.json``; the interleaved rows and their per-prompt records stay in
+``results/regimes/check/`` for the publish step.
 """
 
 from __future__ import annotations
@@ -15,27 +24,26 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import statistics
+import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import torch
 from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's mtad, not an installed one
 
 from mtad._util.paths import REPO_ROOT
-from mtad.decoding import DecoderConfig
-from mtad.harness.rows import environment_info
+from mtad.decoding import DecoderConfig, generate
 from mtad.harness.runner import run_interleaved
 from mtad.harness.sweep import compose_job
-from mtad.measure.costmodel import NEVER_EOS, Profile
+from mtad.measure.costmodel import parse_calls
 from mtad.measure.simulate import CostProfile, predict
-from mtad.measure.timing import Shape, time_decodes, time_forwards
 from mtad.models.load import ModelConfig, load_pair
 from mtad.report import stats
-from mtad.study.stats import prompt_interval
 from mtad.tasks.base import TaskConfig, get_task
 
 log = logging.getLogger("regime_check")
@@ -44,6 +52,7 @@ PAIRS = {  # draft name -> Hydra overrides of the bf16 pair (results/regimes/dra
     "token": ["model=smollm2_bf16_feature", "model.draft=models/smollm2-draft"],
     "int8": ["model=smollm2_bf16_int8draft"],
     "skip2": ["model=smollm2_bf16_skip2"],
+    "w4g32": ["model=smollm2_bf16_w4g32"],
 }
 DECODERS = {
     "sampling": ["decoder=sampling"],
@@ -52,152 +61,149 @@ DECODERS = {
     "mtad": ["decoder=mtad"],
 }
 GAMMA, W = 4, 4
+CALIBRATION_PROMPTS = 4
 
 
-def measure_profile(pair, prompt_len: int, context: int = 128, seconds: float = 8.0) -> Profile:
-    """The shapes the simulator reads (target 1 and γ+1 tokens, draft 1 row and W rows at ``context``; both
-    prefills of ``prompt_len``) and the harness time per step of each decoder (short decodes)."""
-    vocab = pair.target.get_output_embeddings().weight.shape[0]
-    tokens = torch.randint(
-        3, vocab, (max(context, prompt_len) + 8,), generator=torch.Generator().manual_seed(0)
-    ).tolist()
-    shapes = {
-        "target:seq:1": [
-            Shape("target", context, 1),
-            Shape("target", context, GAMMA + 1),
-            Shape("target", 0, prompt_len),
-        ],
-        "draft:seq:1": [Shape("draft", context, 1), Shape("draft", 0, prompt_len)],
-        f"draft:seq:{W}": [Shape("draft", context, 1, rows=W)],
-    }
-    jobs = {
-        (k, i): (pair.target if s.role == "target" else pair.draft, s)
-        for k, ss in shapes.items()
-        for i, s in enumerate(ss)
-    }
-    sec = time_forwards(jobs, tokens, reps=5, min_seconds=seconds)
-    costs = {
-        k: sorted([[s.new if s.context else s.new, 1e3 * sec[(k, i)]] for i, s in enumerate(ss)])
-        for k, ss in shapes.items()
-    }
-    # a prefill of P tokens from an empty cache sits on the same curve as "P new tokens" (costmodel convention)
-    prompt = tokens[:prompt_len]
-    overhead = {}
-    for name, cfg in {
-        "sampling": DecoderConfig(name="sampling", max_new_tokens=24, eos_token_id=NEVER_EOS),
-        "speculative": DecoderConfig(name="speculative", max_new_tokens=24, eos_token_id=NEVER_EOS),
-        "block": DecoderConfig(name="speculative", accept="block", max_new_tokens=24, eos_token_id=NEVER_EOS),
-        "mtad": DecoderConfig(name="mtad", max_new_tokens=24, eos_token_id=NEVER_EOS),
-    }.items():
-        tot = time_decodes(pair, cfg, [prompt] * 2, [1, 2])
-        overhead[name] = 1e3 * max(0.0, tot["wall_s"] - tot["forward_s"]) / max(tot["target_forwards"], 1)
-    env = environment_info([pair.device])
-    return Profile(
-        hardware=env["device_name"],
-        pair=pair.name,
-        costs_ms=costs,
-        overhead_ms=overhead,
-        num_threads=torch.get_num_threads(),
-        context_tokens=context,
-        reps=5,
-        measured=time.strftime("%Y-%m-%dT%H:%M:%S"),
-    )
+def prompts_of(cfg, pair, mcfg, split: str | None = None, n: int | None = None) -> list[list[int]]:
+    """The encoded prompts of the job's task (or of ``split``, ``n`` of them)."""
+    task_cfg = OmegaConf.to_container(cfg, resolve=True)["task"]
+    if split is not None:
+        task_cfg.update(split=split, n_prompts=n)
+    task = get_task(TaskConfig.from_any(task_cfg))
+    return [task.encode(s, pair.tokenizer, 0, (), mcfg.chat_template).ids for s in task.samples()]
 
 
-def mean_profile(a: CostProfile, b: CostProfile) -> CostProfile:
-    return a.replace(
-        label="mean of the profiles before and after the runs",
-        t1=(a.t1 + b.t1) / 2,
-        c=(a.c + b.c) / 2,
-        c_W=(a.c_W + b.c_W) / 2,
-        v=(a.v + b.v) / 2,
-        prefill=(a.prefill + b.prefill) / 2,
-        overhead={k: (a.overhead[k] + b.overhead[k]) / 2 for k in a.overhead},
-    )
+def unit_costs(results) -> tuple[dict[str, float], dict[str, int]]:
+    """CPU seconds per forward of each shape over ``results``, and how many forwards of each there were."""
+    cpu, calls = Counter(), Counter()
+    for r in results:
+        cpu.update(r.call_cpu_s)
+        calls.update(r.calls)
+    return {k: cpu[k] / calls[k] for k in calls}, dict(calls)
 
 
-def records(row: dict, search) -> dict:
-    return stats.samples_for([row.get("run_dir")], None, search) or {}
+def calibration_decodes(pair, decs: dict[str, DecoderConfig], prompts: list[list[int]], seed: int) -> dict:
+    """Every calibration prompt decoded by every decoder, rotating the order (after one untimed warm-up each):
+    ``{decoder: [DecodeResult]}``."""
+    with torch.inference_mode():
+        for cfg in decs.values():
+            generate(pair, prompts[0][:32], cfg, torch.Generator().manual_seed(999))
+    res: dict[str, list] = {d: [] for d in decs}
+    names = list(decs)
+    for i, p in enumerate(prompts):
+        for d in names[i % len(names):] + names[:i % len(names)]:
+            res[d].append(generate(pair, p, decs[d], torch.Generator().manual_seed(seed + i)))
+    return res
+
+
+def calibrate(res: dict) -> dict:
+    """The simulator's profile read off the calibration decodes' own forwards (module docstring)."""
+    unit, calls = unit_costs([r for rs in res.values() for r in rs])
+    t1 = unit["target:seq:1x1"]
+    prof = CostProfile(label="the decoders' own forwards on the calibration prompts (CPU)", t1=1e3 * t1,
+                       c=unit["draft:seq:1x1"] / t1, c_W=unit[f"draft:seq:{W}x1"] / t1,
+                       v=unit[f"target:seq:1x{GAMMA + 1}"] / t1, kind="measured", unit="ms")
+    overhead, fixed = {}, {}
+    for d, rs in res.items():  # steps as the histogram counts them (a sampled token is a step)
+        steps = sum(len(r.accepted) if r.accepted else r.num_tokens for r in rs)
+        overhead[d] = sum(r.cpu_time_s - sum(r.call_cpu_s.values()) for r in rs) / steps / t1
+        step = prof.replace(overhead=overhead).step_cost(d, GAMMA)
+        fixed[d] = (sum(r.cpu_time_s for r in rs) / t1 - steps * step) / len(rs)
+    prof = prof.replace(overhead=overhead, per_prompt=fixed)
+    return {"profile": prof, "unit_cpu_ms": {k: 1e3 * v for k, v in sorted(unit.items())}, "calls": calls,
+            "prompts": len(next(iter(res.values())))}
+
+
+def predict_from_calls(forward_calls: dict, steps: int, tokens: int, unit_ms: dict, overhead_ms: float) -> float:
+    """ms/token from a run's own forward counts: each shape at its calibrated cost (a shape the calibration
+    did not run, e.g. a prefill of another length, from the line through that role's and width's calibrated
+    shapes in new tokens), plus the decoder's harness time per step."""
+    fams: dict[tuple, list] = {}
+    for role, kind, rows, new, _ in parse_calls(unit_ms):
+        fams.setdefault((role, kind, rows), []).append((new, unit_ms[f"{role}:{kind}:{rows}x{new}"]))
+    total = overhead_ms * steps
+    for role, kind, rows, new, n in parse_calls(forward_calls):
+        key = f"{role}:{kind}:{rows}x{new}"
+        if key in unit_ms:
+            total += n * unit_ms[key]
+            continue
+        pts = sorted(fams.get((role, kind, rows)) or fams[(role, kind, 1)])
+        x, y = np.array([p[0] for p in pts], float), np.array([p[1] for p in pts], float)
+        a, b = np.polyfit(x, y, 1) if len(set(x)) > 1 else (y[0] / x[0], 0.0)
+        total += n * (a * new + b)
+    return total / tokens
+
+
+def per_prompt_records(run_dir: Path) -> dict[tuple, dict]:
+    return stats.per_prompt([stats.read_samples(run_dir)], None)
 
 
 def check(name: str, prompts: int, tokens: int, out_dir: Path) -> dict:
-    overrides = [
-        *PAIRS[name],
-        "task=gsm8k",
-        f"task.n_prompts={prompts}",
-        "task.few_shot=0",
-        f"decoder.max_new_tokens={tokens}",
-        "num_threads=1",
-        "warmup=1",
-        f"name=regime_check_{name}",
-        "progress=false",
-        f"results_dir={out_dir}",
-    ]
+    overrides = [*PAIRS[name], "task=gsm8k", f"task.n_prompts={prompts}", "task.few_shot=0",
+                 f"decoder.max_new_tokens={tokens}", "num_threads=1", "warmup=1", f"name=regime_check_{name}",
+                 "progress=false", f"results_dir={out_dir}"]
     cfgs = [compose_job([*DECODERS[d], *overrides]) for d in DECODERS]
     mcfg = ModelConfig.from_any(OmegaConf.to_container(cfgs[0], resolve=True)["model"])
     pair = load_pair(mcfg)
-    task_cfg = OmegaConf.to_container(cfgs[0], resolve=True)["task"]
-    task = get_task(TaskConfig.from_any(task_cfg))
-    P = int(statistics.mean(len(task.encode(s, pair.tokenizer, 0, (), mcfg.chat_template).ids) for s in task.samples()))
+    torch.set_num_threads(1)
+    decs = {d: DecoderConfig.from_any(OmegaConf.to_container(c, resolve=True)["decoder"])
+            for d, c in zip(DECODERS, cfgs)}
     t0 = time.perf_counter()
-    before = measure_profile(pair, prompt_len=P)
-    log.info("%s: profile before, %.0f s", name, time.perf_counter() - t0)
+    cal_prompts = prompts_of(cfgs[0], pair, mcfg, split="train", n=2 * CALIBRATION_PROMPTS)
+    load = [round(x, 2) for x in os.getloadavg()]
+    before = calibration_decodes(pair, decs, cal_prompts[:CALIBRATION_PROMPTS], 1000)
+    log.info("%s: calibrated before the runs, %.0f s", name, time.perf_counter() - t0)
     rows = run_interleaved(cfgs)
     log.info("%s: interleaved runs done, %.0f s", name, time.perf_counter() - t0)
-    recs = [records(r, [out_dir]) for r in rows]
-    after = measure_profile(pair, prompt_len=P)
-    log.info("%s: profile after, %.0f s", name, time.perf_counter() - t0)
-    profs = {
-        k: CostProfile.from_profile(p, GAMMA, W, prompt_tokens=P) for k, p in (("before", before), ("after", after))
-    }
-    profs["mean"] = mean_profile(profs["before"], profs["after"])
+    after = calibration_decodes(pair, decs, cal_prompts[CALIBRATION_PROMPTS:], 2000)
+    cals = {"before": calibrate(before), "after": calibrate(after),
+            "pooled": calibrate({d: before[d] + after[d] for d in decs})}
+    cal, prof = cals["pooled"], cals["pooled"]["profile"]
+    log.info("%s: calibrated after, %.0f s: t1 %.1f ms, c %.3f, c_W %.3f, v %.3f", name, time.perf_counter() - t0,
+             prof.t1, prof.c, prof.c_W, prof.v)
+    recs = [per_prompt_records(stats.resolve_run_dir(r.get("run_dir"), [out_dir])) for r in rows]
     points = []
     for d, row, rec in zip(DECODERS, rows, recs):
         m = row["metrics"]
         hist = {1: m["total_tokens"]} if d == "sampling" else m["acceptance_profile"]["acceptance_length_histogram"]
-        t = [x["time_s"] * 1e3 for x in rec.values()]
         n = [x["n_tokens"] for x in rec.values()]
-        measured = prompt_interval(t, n)
-        pred = {k: predict(hist, d, p, GAMMA, prompts=m["n_samples"]) for k, p in profs.items()}
-        points.append(
-            {
-                "draft": name,
-                "decoder": d,
-                "measured_ms_per_token": measured,
-                "predicted_ms_per_token": pred["mean"],
-                "predicted_before": pred["before"],
-                "predicted_after": pred["after"],
-                "error": pred["mean"] / measured[0] - 1,
-                "block_efficiency": m["block_efficiency"],
-                "acceptance_rate": m["acceptance_rate"],
-                "mean_accept_length": (m["acceptance_profile"] or {}).get("mean_accept_length"),
-                "histogram": {str(k): v for k, v in hist.items()},
-                "n_prompts": m["n_samples"],
-                "tokens": m["total_tokens"],
-                "distinct_2": m.get("distinct_2"),
-                "per_prompt": [[x["time_s"], x["n_tokens"]] for x in rec.values()],
-            }
-        )
+        cpu = stats.ratio_interval([1e3 * x["cpu_s"] for x in rec.values()], n)
+        wall = stats.ratio_interval([1e3 * x["time_s"] for x in rec.values()], n)
+        pred = predict(hist, d, prof, GAMMA, prompts=m["n_samples"])
+        bracket = [predict(hist, d, cals[k]["profile"], GAMMA, prompts=m["n_samples"]) for k in ("before", "after")]
+        calls = predict_from_calls(m["forward_calls"], m["target_forwards"], m["total_tokens"], cal["unit_cpu_ms"],
+                                   prof.overhead[d] * prof.t1)
+        points.append({
+            "draft": name, "decoder": d, "measured_ms_per_token": cpu, "measured_wall_ms_per_token": wall,
+            "predicted_ms_per_token": pred, "error": pred / cpu[0] - 1, "predicted_before_after": bracket,
+            "predicted_from_calls": calls, "error_from_calls": calls / cpu[0] - 1,
+            "block_efficiency": m["block_efficiency"], "acceptance_rate": m["acceptance_rate"],
+            "histogram": {str(k): v for k, v in hist.items()}, "n_prompts": m["n_samples"],
+            "tokens": m["total_tokens"], "distinct_2": m.get("distinct_2"),
+        })
     base = {p["decoder"]: p for p in points}
     for p, rec in zip(points, recs):
         for ref in ("sampling", "speculative"):
             if p["decoder"] == ref:
                 continue
-            iv = stats.compare("speedup", rec, recs[list(DECODERS).index(ref)])
+            other = recs[list(DECODERS).index(ref)]
+            cpu_iv, wall_iv = stats.compare("cpu_speedup", rec, other), stats.compare("speedup", rec, other)
             pred = base[ref]["predicted_ms_per_token"] / p["predicted_ms_per_token"]
-            meas = iv.point if iv is not None else None
             p[f"speedup_vs_{ref}"] = {
-                "measured": [meas, iv.low, iv.high] if iv is not None else None,
-                "predicted": pred,
-                "error": pred / meas - 1 if meas else None,
+                "measured": [cpu_iv.point, cpu_iv.low, cpu_iv.high],
+                "measured_wall": [wall_iv.point, wall_iv.low, wall_iv.high],
+                "predicted": pred, "error": pred / cpu_iv.point - 1,
             }
     out = {
-        "draft": name,
-        "overrides": overrides,
-        "points": points,
-        "profiles": {k: vars(v) | {"overhead": dict(v.overhead)} for k, v in profs.items()},
-        "raw_profiles": {"before": json.loads(before.to_json()), "after": json.loads(after.to_json())},
-        "prompt_tokens_mean": P,
+        "draft": name, "overrides": overrides, "points": points, "clock": "cpu",
+        "calibration": {k: {**{f: v for f, v in c.items() if f != "profile"},
+                            "profile": {**{f: v for f, v in vars(c["profile"]).items()
+                                           if f not in ("overhead", "per_prompt")},
+                                        "overhead": dict(c["profile"].overhead),
+                                        "per_prompt": dict(c["profile"].per_prompt)}}
+                        for k, c in cals.items()},
+        "rows": [r.get("run_dir") for r in rows], "load_average_start": load,
+        "load_average_end": [round(x, 2) for x in os.getloadavg()],
         "seconds": time.perf_counter() - t0,
         "command": "python experiments/regime_check.py " + " ".join(sys.argv[1:]),
     }
@@ -222,14 +228,9 @@ def main(argv=None) -> int:
             continue
         r = check(name, args.prompts, args.tokens, out)
         for p in r["points"]:
-            log.info(
-                "%s %s: measured %.1f ms/token, predicted %.1f (error %+.1f %%)",
-                name,
-                p["decoder"],
-                p["measured_ms_per_token"][0],
-                p["predicted_ms_per_token"],
-                100 * p["error"],
-            )
+            log.info("%s %s: measured %.1f CPU ms/token, predicted %.1f (error %+.1f %%), from its calls %.1f "
+                     "(%+.1f %%)", name, p["decoder"], p["measured_ms_per_token"][0], p["predicted_ms_per_token"],
+                     100 * p["error"], p["predicted_from_calls"], 100 * p["error_from_calls"])
     return 0
 
 

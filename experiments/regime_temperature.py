@@ -1,14 +1,17 @@
 """The temperature-matched control, for speed: is MTAD faster than sampling colder with a lossless speculative
 decoder?
 
-    .venv/bin/python experiments/regime_temperature.py [--prompts 10] [--tokens 48] [--temps 0.6 0.7 0.8 0.9]
+    .venv/bin/python experiments/regime_temperature.py [--prompts 30] [--tokens 48] [--temps 0.7 0.8 0.9]
+    .venv/bin/python experiments/regime_temperature.py --from results/published/NAME.jsonl   # re-render
 
 One interleaved run (``mtad.harness.runner.run_interleaved``, prompt by prompt in rotating order) on the bf16
 feature pair, GSM8K: MTAD (τ = 0.5, T = 1), lossless speculative decoding at T = 1 and at each colder T (its
 output has exactly the law of sampling at that T). The temperature whose output perplexity matches MTAD's is
-read off the sweep (linear interpolation of log perplexity in T; the nearest swept T is the comparison run);
-MTAD is compared with speculative decoding at that T in speed, perplexity and distinct-2 with paired 95 %
-intervals over prompts. Writes ``results/regimes/temperature/temperature.json``.
+read off the sweep (linear interpolation of log perplexity in T where it is monotone); MTAD is compared with
+speculative decoding at every T — speed in CPU time (little moved by other processes on a shared machine) and
+in wall time, perplexity, distinct-2 — with paired 95 % intervals over prompts from the project's bootstrap
+(``mtad.report.stats``). Writes ``temperature.{json,md}`` beside the rows; ``--from`` re-renders both from
+(published) rows and their per-prompt records.
 """
 from __future__ import annotations
 
@@ -24,61 +27,118 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's mtad, not an installed one
 
 from mtad._util.paths import REPO_ROOT  # noqa: E402
-from mtad.harness.runner import run_interleaved  # noqa: E402
-from mtad.harness.sweep import compose_job  # noqa: E402
-from mtad.measure.metrics import distinct_n  # noqa: E402
 from mtad.report import stats  # noqa: E402
 
+KINDS = (("cpu_speedup", "speed-up, CPU time"), ("speedup", "speed-up, wall time"),
+         ("ppl_change", "perplexity change"), ("distinct2_diff", "distinct-2 difference"))
 
-def distinct2_diff(a: list[list[int]], b: list[list[int]], n_boot: int = 2000, seed: int = 0) -> list[float]:
-    """distinct-2 of a's outputs minus b's, [point, lo, hi], resampling prompts (paired: same indices)."""
-    rng = np.random.default_rng(seed)
-    point = distinct_n(a, 2) - distinct_n(b, 2)
-    dist = []
-    for _ in range(n_boot):
-        idx = rng.integers(0, len(a), len(a))
-        dist.append(distinct_n([a[i] for i in idx], 2) - distinct_n([b[i] for i in idx], 2))
-    return [point, float(np.quantile(dist, 0.025)), float(np.quantile(dist, 0.975))]
+
+def label(row: dict) -> str:
+    d = row["decoder"]
+    return "mtad" if d["name"] == "mtad" else f"speculative T={float(d.get('temperature', 1.0)):g}"
+
+
+def analyze(rows: list[dict], search: list[Path]) -> dict:
+    """The control from the rows and their per-prompt records: the matched temperature and every comparison."""
+    by = {label(r): r for r in rows}
+    recs = {k: stats.samples_for([r.get("run_dir")], None, search) for k, r in by.items()}
+    if any(v is None for v in recs.values()):
+        raise SystemExit("per-prompt records not found for " + ", ".join(k for k, v in recs.items() if v is None)
+                         + ": pass the folder holding the run directories")
+    ppl = {k: r["metrics"]["ppl_mean_logprob"] for k, r in by.items()}
+    temps = sorted(float(k.split("=")[1]) for k in by if k != "mtad")
+    logp = [math.log(ppl[f"speculative T={t:g}"]) for t in temps]
+    target = math.log(ppl["mtad"])
+    monotone = all(a < b for a, b in zip(logp, logp[1:]))
+    t_star = float(np.interp(target, logp, temps)) if monotone and logp[0] <= target <= logp[-1] else None
+    nearest = min(temps, key=lambda t: abs(logp[temps.index(t)] - target))
+    comps = {}
+    for t in temps:
+        ref = f"speculative T={t:g}"
+        comps[ref] = {}
+        for kind, _ in KINDS:
+            iv = stats.compare(kind, recs["mtad"], recs[ref])
+            comps[ref][kind] = [iv.point, iv.low, iv.high, stats.judge(iv)] if iv is not None else None
+    m = {k: r["metrics"] for k, r in by.items()}
+    return {"perplexity": ppl, "t_matched_interpolated": t_star, "perplexity_monotone_in_T": monotone,
+            "nearest_T": nearest, "comparisons": comps,
+            "block_efficiency": {k: v.get("block_efficiency") for k, v in m.items()},
+            "distinct_2": {k: v.get("distinct_2") for k, v in m.items()},
+            "cpu_ms_per_token": {k: 1e3 * v["total_cpu_s"] / v["total_tokens"] if v.get("total_cpu_s") else None
+                                 for k, v in m.items()},
+            "n_prompts": {k: v["n_samples"] for k, v in m.items()},
+            "tokens": {k: v["total_tokens"] for k, v in m.items()},
+            "git_sha": sorted({r.get("git_sha") for r in rows}),
+            "git_dirty": sorted({r.get("git_dirty") for r in rows}),
+            "timing": rows[0].get("timing")}
+
+
+def _iv(v, kind) -> str:
+    if v is None or v[0] is None:
+        return "—"
+    d = stats.DIGITS.get(kind, 3)
+    unit = "×" if "speedup" in kind else (" %" if kind == "ppl_change" else "")
+    body = f"{v[0]:.{d}f}{unit} [{v[1]:.{d}f}, {v[2]:.{d}f}]" if v[1] is not None else f"{v[0]:.{d}f}{unit}"
+    return body + (f" ({v[3]})" if v[3] else "")
+
+
+def render(res: dict, pair: str) -> str:
+    n = res["n_prompts"]["mtad"]
+    t = res["t_matched_interpolated"]
+    matched = (f"T ≈ {t:.2f} (interpolated in log perplexity); nearest swept T = {res['nearest_T']:g}" if t is not None
+               else f"perplexity is not monotone in the swept T, or MTAD's lies outside it: nearest swept "
+                    f"T = {res['nearest_T']:g}")
+    out = ["# Temperature-matched control: MTAD against lossless speculative decoding at a colder temperature", "",
+           f"{pair}; GSM8K, {n} prompts, decoded interleaved (prompt by prompt, rotating order), one thread. MTAD "
+           "τ = 0.5 at T = 1; speculative decoding at T has exactly the law of sampling at T. Paired 95 % "
+           "intervals over prompts (the project's bootstrap); a speed-up above 1 means MTAD is faster; CPU time is "
+           "the process's CPU seconds, little moved by other processes on a shared machine.", "",
+           f"Output perplexity of MTAD matched by speculative decoding at: {matched}.", "",
+           "| run | output perplexity | distinct-2 | block efficiency | CPU ms/token |",
+           "| --- | --- | --- | --- | --- |"]
+    for k in ["mtad", *sorted(res["comparisons"])]:
+        cpu = res["cpu_ms_per_token"].get(k)
+        out.append(f"| {k} | {res['perplexity'][k]:.3f} | {res['distinct_2'][k]:.3f} | "
+                   f"{res['block_efficiency'][k]:.2f} | {cpu:.1f} |" if cpu else f"| {k} | — | — | — | — |")
+    out += ["", "MTAD against each:", "",
+            "| against | " + " | ".join(h for _, h in KINDS) + " |", "|" + " --- |" * (len(KINDS) + 1)]
+    for ref, c in sorted(res["comparisons"].items()):
+        mark = " (matched)" if float(ref.split("=")[1]) == res["nearest_T"] else ""
+        out.append(f"| {ref}{mark} | " + " | ".join(_iv(c[k], k) for k, _ in KINDS) + " |")
+    return "\n".join(out) + "\n"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--prompts", type=int, default=10)
+    ap.add_argument("--prompts", type=int, default=30)
     ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--temps", type=float, nargs="+", default=[0.6, 0.7, 0.8, 0.9])
+    ap.add_argument("--temps", type=float, nargs="+", default=[0.7, 0.8, 0.9])
     ap.add_argument("--out", default=str(REPO_ROOT / "results" / "regimes" / "temperature"))
+    ap.add_argument("--from", dest="rows", help="re-render from these rows (a results .jsonl) and their records")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    common = ["model=smollm2_bf16_feature", "task=gsm8k", f"task.n_prompts={args.prompts}", "task.few_shot=0",
-              f"decoder.max_new_tokens={args.tokens}", "num_threads=1", "warmup=1", "name=regime_temperature",
-              "progress=false", "perplexity=true", f"results_dir={out}"]
-    runs = {"mtad": ["decoder=mtad", "decoder.tau=0.5"], "speculative T=1": ["decoder=speculative"]}
-    runs |= {f"speculative T={t:g}": ["decoder=speculative", f"decoder.temperature={t}"] for t in args.temps}
-    rows = run_interleaved([compose_job([*v, *common]) for v in runs.values()])
-    recs = {k: stats.samples_for([r.get("run_dir")], None, [out]) for k, r in zip(runs, rows)}
-    samples = {k: stats.read_samples(stats.resolve_run_dir(r.get("run_dir"), [out])) for k, r in zip(runs, rows)}
-    ppl = {k: r["metrics"].get("ppl_mean_logprob") for k, r in zip(runs, rows)}
-    temps = sorted([1.0, *args.temps])
-    logp = [math.log(ppl["speculative T=1" if t == 1.0 else f"speculative T={t:g}"]) for t in temps]
-    target = math.log(ppl["mtad"])
-    t_star = float(np.interp(target, logp, temps)) if logp == sorted(logp) else None
-    nearest = min(temps, key=lambda t: abs(logp[temps.index(t)] - target))
-    ref = "speculative T=1" if nearest == 1.0 else f"speculative T={nearest:g}"
-    ids = sorted(set(s["id"] for s in samples["mtad"]) & set(s["id"] for s in samples[ref]))
-    outs = {k: [next(s["output_ids"] for s in samples[k] if s["id"] == i) for i in ids] for k in ("mtad", ref)}
-    res = {"ppl": ppl, "t_star_interpolated": t_star, "matched_run": ref,
-           "ms_per_token": {k: r["metrics"]["ms_per_token"] for k, r in zip(runs, rows)},
-           "distinct_2": {k: r["metrics"].get("distinct_2") for k, r in zip(runs, rows)},
-           "block_efficiency": {k: r["metrics"].get("block_efficiency") for k, r in zip(runs, rows)}}
-    for base in ("speculative T=1", ref):
-        sp = stats.compare("speedup", recs["mtad"], recs[base])
-        pc = stats.compare("ppl_change", recs["mtad"], recs[base])
-        res[f"mtad_vs_{base}"] = {"speedup": [sp.point, sp.low, sp.high], "ppl_change": [pc.point, pc.low, pc.high],
-                                  "distinct_2_diff": distinct2_diff(outs["mtad"], outs[ref]) if base == ref else None}
-    (out / "temperature.json").write_text(json.dumps(res, indent=1, default=float))
-    print(json.dumps(res, indent=1, default=float))
+    if args.rows:
+        rows = [json.loads(x) for x in Path(args.rows).read_text().splitlines() if x.strip()]
+        search = [Path(args.rows).parent, out]
+    else:
+        from mtad.harness.runner import run_interleaved
+        from mtad.harness.sweep import compose_job
+
+        common = ["model=smollm2_bf16_feature", "task=gsm8k", f"task.n_prompts={args.prompts}", "task.few_shot=0",
+                  f"decoder.max_new_tokens={args.tokens}", "num_threads=1", "warmup=1", "name=regime_temperature",
+                  "progress=false", "perplexity=true", f"results_dir={out}"]
+        runs = [["decoder=mtad", "decoder.tau=0.5"], ["decoder=speculative"]]
+        runs += [["decoder=speculative", f"decoder.temperature={t}"] for t in args.temps]
+        rows = run_interleaved([compose_job([*v, *common]) for v in runs])
+        search = [out]
+    res = analyze(rows, search)
+    pair = rows[0].get("model", {}).get("name", "the bf16 feature pair")
+    hw = rows[0].get("device_name", "")
+    (out / "temperature.json").write_text(json.dumps(res, indent=1, default=float) + "\n")
+    (out / "temperature.md").write_text(render(res, f"{pair} on {hw}".strip()))
+    print(render(res, pair))
     return 0
 
 

@@ -313,31 +313,32 @@ def generate_rows(models, prompts: list, cfg: DecoderConfig, rng: torch.Generato
     check_rows(models, cfg, len(prompts))
     rng = rng if rng is not None else _default_rng(models)
     batch = Batch(prompts, cfg, _eos_ids(models, cfg), rng.device)
-    wall = _timed(models, lambda: DECODERS[cfg.name](models, batch, cfg, rng))
-    return [_result(run, wall / len(prompts)) for run in batch.runs]
+    wall, cpu = _timed(models, lambda: DECODERS[cfg.name](models, batch, cfg, rng))
+    return [_result(run, wall / len(prompts), cpu / len(prompts)) for run in batch.runs]
 
 
 def _default_rng(models) -> torch.Generator:
     return torch.Generator(device=next(models.target.parameters()).device).manual_seed(0)
 
 
-def _timed(models, decode) -> float:
-    """Wall seconds of ``decode()`` in inference mode, CUDA synchronised before and after."""
+def _timed(models, decode) -> tuple[float, float]:
+    """Wall and CPU seconds of ``decode()`` in inference mode, CUDA synchronised before and after."""
     with torch.inference_mode():
         _sync_cuda(models)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         decode()
         _sync_cuda(models)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
 
-def _result(run: Run, wall: float) -> DecodeResult:
+def _result(run: Run, wall: float, cpu: float) -> DecodeResult:
     s = run.stats
     return DecodeResult(
         tokens=run.tokens[run.prompt_len:], stop_reason=run.stop_reason or "max_new_tokens",
         target_forwards=s.target_forwards, draft_forwards=s.draft_forwards, accepted=s.accepted,
         proposed=s.proposed, position_accepts=s.position_accepts, position_proposals=s.position_proposals,
-        wall_time_s=wall, forward_time_s=s.forward_time_s, calls=dict(s.calls))
+        wall_time_s=wall, forward_time_s=s.forward_time_s, calls=dict(s.calls), cpu_time_s=cpu,
+        call_cpu_s=dict(s.call_cpu_s))
 
 
 def generate(models, prompt_ids, cfg=None, rng: torch.Generator | None = None, **overrides):

@@ -60,10 +60,12 @@ class Stats:
     position_proposals: list[int] = field(default_factory=list)
     # forward shapes for the cost model (mtad.measure.costmodel): "<role>:<seq|tree>:<rows>x<new tokens>" -> count
     calls: dict[str, int] = field(default_factory=dict)
+    call_cpu_s: dict[str, float] = field(default_factory=dict)  # the same keys -> CPU seconds of those calls
 
-    def count_call(self, role: str, kind: str, rows: int, new: int) -> None:
+    def count_call(self, role: str, kind: str, rows: int, new: int, cpu_s: float = 0.0) -> None:
         key = f"{role}:{kind}:{rows}x{new}"
         self.calls[key] = self.calls.get(key, 0) + 1
+        self.call_cpu_s[key] = self.call_cpu_s.get(key, 0.0) + cpu_s
 
     def record(self, proposed: int, accepted: int) -> None:
         """One speculative iteration: ``proposed`` draft positions, the first ``accepted`` of them kept."""
@@ -168,7 +170,7 @@ class Session:
              text: list[int] | None = None, **kw) -> torch.Tensor:
         """One model forward. A feature draft also gets each new token's parent feature: ``parents`` are
         their parents' cache indices, ``text`` the linear tokens including this call's (linear forwards)."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if self.source is not None:
             kw["features"] = self._parent_features(parents, self.ids if text is None else text)  # (B, S, D)
         if self.keep_feats:
@@ -186,7 +188,8 @@ class Session:
             self.stats.target_forwards += 1
         else:
             self.stats.draft_forwards += 1
-        self.stats.count_call(self.role, "tree" if "position_ids" in kw else "seq", *input_ids.shape)
+        self.stats.count_call(self.role, "tree" if "position_ids" in kw else "seq", *input_ids.shape,
+                              cpu_s=time.process_time() - c0)
         logits = out.logits.float()  # (B, S', V)
         if not torch.isfinite(logits).all():  # every decoder's logits pass here
             raise NonFiniteLogits(self.role, getattr(self.stats, f"{self.role}_forwards"), len(self))
@@ -429,11 +432,11 @@ class Rows:
         n_t = torch.tensor(n)
         mask = (slot[None, :] >= C - lengths[:, None]) & (slot[None, :] < C + n_t[:, None])  # (B, C+S)
         need = min(S, max(keep + S - k for k in n))  # logits from the first position any row needs
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = self.model(input_ids=x.to(self.device), cache=self.cache, use_cache=True, logits_to_keep=need,
                          attention_mask=mask.long().to(self.device),
                          position_ids=self._positions(lengths, S).to(self.device))
-        self._count(time.perf_counter() - t0, B, S)
+        self._count(time.perf_counter() - t0, B, S, time.process_time() - c0)
         logits = out.logits.float()  # (B, need, V): block positions S - need .. S - 1
         cols = (n_t[:, None] - keep + torch.arange(keep)[None, :] - (S - need)).clamp(min=0)  # (B, keep)
         logits = logits.gather(1, cols.to(logits.device)[:, :, None].expand(-1, -1, logits.shape[-1]))
@@ -444,7 +447,7 @@ class Rows:
             self.junk[b] += S - n[b]
         return logits if self.out_device is None else logits.to(self.out_device)  # (B, keep, V)
 
-    def _count(self, seconds: float, B: int, S: int) -> None:
+    def _count(self, seconds: float, B: int, S: int, cpu_s: float = 0.0) -> None:
         """Every row in the call counts one forward and an equal share of its time; the call's shape
         (``<role>:seq:<B>x<S>``, B with beams) is counted once, in its first row's ``calls``, so that summing
         ``calls`` over the rows gives the batch's forwards (:mod:`mtad.measure.costmodel`)."""
@@ -456,7 +459,7 @@ class Rows:
                 st.target_forwards += 1
             else:
                 st.draft_forwards += 1
-        self.stats[rows[0]].count_call(self.role, "seq", B, S)
+        self.stats[rows[0]].count_call(self.role, "seq", B, S, cpu_s)
 
     def sync(self, tokens: list[list[int]]) -> list[list[int]]:
         """Roll each row back to its longest prefix shared with ``tokens[b]`` (its committed text), keeping

@@ -19,6 +19,10 @@ class DecodeResult:
     wall_time_s:       wall time of the decode alone (synchronised on GPU).
     forward_time_s:    time spent inside model forward passes (for the overhead benchmark).
     calls:             forward shapes, "<role>:<seq|tree>:<rows>x<new tokens>" -> count (mtad.measure.costmodel).
+    cpu_time_s:        CPU seconds of the decode (this process, every thread): unlike wall time, barely moved by
+                       other processes on a shared machine; with one thread (``num_threads=1``), the wall time
+                       of a quiet machine (with more, idle OpenMP workers spinning count too).
+    call_cpu_s:        CPU seconds of the forwards of each shape in ``calls`` (the simulator's cost profile).
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -32,6 +36,8 @@ class DecodeResult:
     wall_time_s: float = 0.0
     forward_time_s: float = 0.0
     calls: dict[str, int] = field(default_factory=dict)
+    cpu_time_s: float = 0.0
+    call_cpu_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

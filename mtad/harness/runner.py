@@ -396,6 +396,7 @@ def _scored(pair, task, sample, prompt, result, want_ppl) -> dict:
     scores = task.score(sample, text) if task.metric else {}
     return {"completion": text, "answer": answer, "output_ids": result.tokens,
             "n_tokens": result.num_tokens, "stop_reason": result.stop_reason, "time_s": result.wall_time_s,
+            "cpu_s": result.cpu_time_s,
             "target_forwards": result.target_forwards, "draft_forwards": result.draft_forwards,
             "accepted": result.accepted, "proposed": result.proposed,
             "mean_logprob": float(logp.mean()) if logp is not None else None,

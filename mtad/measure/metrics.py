@@ -95,6 +95,7 @@ def run_metrics(decode_results: Sequence[DecodeResult], gamma: Optional[int] = N
         "total_tokens": tokens,
         "total_decode_s": seconds,
         "forward_time_s": sum(r.forward_time_s for r in rs),
+        "total_cpu_s": sum(r.cpu_time_s for r in rs),
         "ms_per_token": 1e3 * seconds / tokens if tokens else None,
         "tokens_per_s": tokens / seconds if seconds > 0 else None,
         "target_forwards": target_fw,
@@ -106,15 +107,17 @@ def run_metrics(decode_results: Sequence[DecodeResult], gamma: Optional[int] = N
         "acceptance_profile": acceptance_profile(rs) if proposed else None,
         "stop_eos": sum(r.stop_reason == "eos" for r in rs),
         "forward_calls": _sum_calls(rs),
+        "forward_call_cpu_s": _sum_calls(rs, "call_cpu_s"),
     }
     out.update(energy_metrics(energy, tokens))
     return out
 
 
-def _sum_calls(rs: Sequence[DecodeResult]) -> dict[str, int]:
-    total: dict[str, int] = {}
+def _sum_calls(rs: Sequence[DecodeResult], field: str = "calls") -> dict[str, float]:
+    """``calls`` (forwards by shape) or ``call_cpu_s`` (their CPU seconds) summed over the results."""
+    total: dict[str, float] = {}
     for r in rs:
-        for key, n in getattr(r, "calls", {}).items():
+        for key, n in getattr(r, field, {}).items():
             total[key] = total.get(key, 0) + n
     return dict(sorted(total.items()))
 

@@ -39,6 +39,9 @@ class CostProfile:
     v: float = 1.0
     overhead: Mapping[str, float] = field(default_factory=dict)  # per step, in t1 units, by decoder
     prefill: float = 0.0  # per prompt (target + draft), in t1 units
+    # per prompt by decoder, whatever the steps leave out (prefills, a prompt's last single-token step), where
+    # measured so (calibration decodes); replaces ``prefill - first`` in :func:`predict`
+    per_prompt: Mapping[str, float] = field(default_factory=dict)
     kind: str = "measured"  # measured | declared (a projection)
     unit: str = "ms"
 
@@ -83,12 +86,14 @@ def tokens_and_steps(hist: Mapping) -> tuple[float, float]:
 def predict(hist: Mapping, decoder: str, prof: CostProfile, gamma: int = 4, prompts: int = 0) -> float:
     """Predicted cost per token (``prof.unit``): t1 · (steps · step cost + prompts · (prefill − first)) / tokens,
     where ``first`` is the target pass of a prompt's first step, which the prefill pass replaces (it reads the
-    prompt and that step's tokens at once). For ``sampling`` the histogram is ``{1: tokens}``."""
+    prompt and that step's tokens at once); a profile measured from whole decodes gives the per-prompt term
+    itself (``per_prompt``). For ``sampling`` the histogram is ``{1: tokens}``."""
     tokens, steps = tokens_and_steps(hist)
     if tokens <= 0:
         raise ValueError("an empty accepted-length histogram")
     first = 1.0 if decoder == "sampling" else prof.v  # a prompt's first target pass is its prefill
-    return prof.t1 * (steps * prof.step_cost(decoder, gamma) + prompts * (prof.prefill - first)) / tokens
+    fixed = prof.per_prompt.get(decoder, prof.prefill - first)
+    return prof.t1 * (steps * prof.step_cost(decoder, gamma) + prompts * fixed) / tokens
 
 
 def speedup(hist_a: Mapping, dec_a: str, hist_b: Mapping, dec_b: str, prof: CostProfile, gamma: int = 4,

@@ -48,12 +48,12 @@ CONFIDENCE = 0.95
 METHOD = "percentile"
 MIN_PAIRS = 5  # fewer paired prompts give no interval: a bootstrap of 2-4 points has only a handful of outcomes
 # comparison kind -> (no-change value, unit); ratios are "x", changes are percentages
-NO_CHANGE = {"speedup": 1.0, "energy_ratio": 1.0, "ppl_change": 0.0, "score_change": 0.0, "energy_saving": 0.0,
-             "score_diff": 0.0, "distinct2_diff": 0.0, "run": float("nan")}
+NO_CHANGE = {"speedup": 1.0, "cpu_speedup": 1.0, "energy_ratio": 1.0, "ppl_change": 0.0, "score_change": 0.0,
+             "energy_saving": 0.0, "score_diff": 0.0, "distinct2_diff": 0.0, "run": float("nan")}
 # decimals a comparison is printed with (ratios 1.05×, changes −11.1 %, differences +0.012): a verdict reads the
 # interval as printed (:func:`judge`)
-DIGITS = {"speedup": 2, "energy_ratio": 2, "ppl_change": 1, "score_change": 1, "energy_saving": 1, "score_diff": 3,
-          "distinct2_diff": 3}
+DIGITS = {"speedup": 2, "cpu_speedup": 2, "energy_ratio": 2, "ppl_change": 1, "score_change": 1, "energy_saving": 1,
+          "score_diff": 3, "distinct2_diff": 3}
 
 
 @dataclass(frozen=True)
@@ -127,6 +127,7 @@ def _score_diff(s_a, s_b, axis=-1):
 # kind -> (statistic, the per-prompt fields it reads for the method and then the baseline)
 STATISTICS: dict[str, tuple[Callable, tuple[str, ...]]] = {
     "speedup": (_ratio_of_sums, ("time_s", "n_tokens")),
+    "cpu_speedup": (_ratio_of_sums, ("cpu_s", "n_tokens")),  # CPU seconds: little moved by a shared machine
     "energy_ratio": (_ratio_of_sums, ("energy_j", "n_tokens")),
     "energy_saving": (_saving, ("energy_j", "n_tokens")),
     "ppl_change": (_ppl_change, ("mean_logprob",)),
@@ -194,6 +195,21 @@ def bootstrap_interval(kind: str, method: Sequence[Sequence[float]], baseline: S
         return Interval(point, None, None, n, kind, note="undefined in some resamples (a baseline of 0)")
     low, high = percentile_interval(dist)
     return Interval(point, float(low), float(high), n, kind, distribution=dist)
+
+
+def ratio_interval(num: Sequence[float], den: Sequence[float], key: int | None = None,
+                   n_resamples: int = N_RESAMPLES) -> list[float]:
+    """[point, low, high] of Σ num / Σ den over prompts (one value of each per prompt: accepted tokens over
+    positions, milliseconds over tokens), resampling prompts from the cell's own generator (``key``; by default
+    :func:`cell_key` of the two arrays). NaNs for no prompts."""
+    num, den = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    if len(num) == 0:
+        return [float("nan")] * 3
+    idx = resample_indices(len(num), cell_key(num, den) if key is None else key, n_resamples)  # (B, n)
+    with np.errstate(all="ignore"):
+        dist = num[idx].sum(1) / den[idx].sum(1)
+    low, high = percentile_interval(dist)
+    return [float(num.sum() / den.sum()), float(low), float(high)]
 
 
 def _ppl(lp, axis=-1):
@@ -293,24 +309,26 @@ def read_samples(run_dir: Path) -> list[dict]:
 
 
 def per_prompt(samples_by_seed: Sequence[list[dict]], score_name: str | None) -> dict[tuple, dict]:
-    """(id, turn) -> pooled record over seeds: ``time_s``, ``n_tokens``, ``energy_j`` summed (energy None
-    if any seed lacks it); ``mean_logprob``, ``score`` averaged over the seeds that have them; ``bigrams``, the
-    token bigrams of every seed's output (None without ``output_ids``). Skipped prompts (no completion) are
-    left out."""
+    """(id, turn) -> pooled record over seeds: ``time_s``, ``cpu_s``, ``n_tokens``, ``energy_j`` summed (energy
+    and CPU time None if any seed lacks them); ``mean_logprob``, ``score`` averaged over the seeds that have
+    them; ``bigrams``, the token bigrams of every seed's output (None without ``output_ids``). Skipped prompts
+    (no completion) are left out."""
     acc: dict[tuple, dict] = {}
     for samples in samples_by_seed:
         for s in samples:
             if s.get("skip_reason") or "n_tokens" not in s:
                 continue
             r = acc.setdefault((str(s["id"]), int(s.get("turn", 0))),
-                               {"time_s": 0.0, "n_tokens": 0, "energy_j": 0.0, "lp": [], "sc": [], "bi": []})
+                               {"time_s": 0.0, "cpu_s": 0.0, "n_tokens": 0, "energy_j": 0.0, "lp": [], "sc": [],
+                                "bi": []})
             if s.get("output_ids") is not None:
                 ids = [int(t) for t in s["output_ids"]]
                 r["bi"].append(list(zip(ids, ids[1:])))
             r["time_s"] += float(s.get("time_s") or 0.0)
             r["n_tokens"] += int(s["n_tokens"])
-            e = s.get("energy_j")
-            r["energy_j"] = None if e is None or r["energy_j"] is None else r["energy_j"] + float(e)
+            for f in ("energy_j", "cpu_s"):  # None when any seed lacks it (energy off, rows before CPU time)
+                v = s.get(f)
+                r[f] = None if v is None or r[f] is None else r[f] + float(v)
             if s.get("mean_logprob") is not None:
                 r["lp"].append(float(s["mean_logprob"]))
             score = (s.get("scores") or {}).get(score_name) if score_name else None
@@ -318,7 +336,8 @@ def per_prompt(samples_by_seed: Sequence[list[dict]], score_name: str | None) ->
                 r["sc"].append(float(score))
     out = {}
     for key, r in acc.items():
-        out[key] = {"time_s": r["time_s"], "n_tokens": r["n_tokens"], "energy_j": r["energy_j"],
+        out[key] = {"time_s": r["time_s"], "cpu_s": r["cpu_s"], "n_tokens": r["n_tokens"],
+                    "energy_j": r["energy_j"],
                     "mean_logprob": float(np.mean(r["lp"])) if r["lp"] else None,
                     "score": float(np.mean(r["sc"])) if r["sc"] else None,
                     "bigrams": [b for out_ in r["bi"] for b in out_] if r["bi"] else None}

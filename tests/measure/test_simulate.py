@@ -98,3 +98,19 @@ def test_unknown_decoder_and_empty_histogram_fail():
         predict({2: 1}, "specinfer", PROF)
     with pytest.raises(ValueError):
         predict({}, "speculative", PROF)
+
+
+def test_a_measured_per_prompt_cost_replaces_prefill_minus_first():
+    """A profile measured from whole decodes gives each decoder's per-prompt cost outside its steps; the
+    prediction adds it once per prompt (control: without it, the prefill model's term is used instead)."""
+    lengths = sampled_lengths(0.6, 200, seed=5)
+    hist = histogram(lengths)
+    steps, tokens = len(lengths), sum(lengths)
+    measured = PROF.replace(per_prompt={"speculative": 7.0})
+    step = GAMMA * PROF.c + PROF.v + PROF.overhead["speculative"]
+    want = PROF.t1 * (steps * step + 10 * 7.0) / tokens
+    assert predict(hist, "speculative", measured, GAMMA, prompts=10) == pytest.approx(want)
+    plain = predict(hist, "speculative", PROF, GAMMA, prompts=10)
+    assert plain == pytest.approx(PROF.t1 * (steps * step + 10 * (PROF.prefill - PROF.v)) / tokens)
+    assert plain != pytest.approx(want)  # control: the two models differ here
+    assert predict(hist, "mtad", measured, GAMMA, prompts=10) == predict(hist, "mtad", PROF, GAMMA, prompts=10)

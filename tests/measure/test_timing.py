@@ -136,3 +136,32 @@ def test_a_model_with_twice_the_layers_measures_slower():
         return [] if held else [t]
 
     _in_one_of_three_tries(check)
+
+
+def test_cpu_time_leaves_out_waiting_that_wall_time_counts(tiny_llama, monkeypatch):
+    """A decode's CPU seconds (and its forwards' per shape) exclude time spent off the CPU, which wall time
+    counts: what makes CPU time the measure of choice on a shared machine. Control: the wall clock does see it."""
+    import time as _time
+
+    from mtad.decoding import generate
+
+    target = tiny_llama.target
+    real = target.forward
+
+    def sleepy(*args, **kwargs):
+        _time.sleep(0.02)  # off the CPU, as when another process holds the core
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, "forward", sleepy)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as runs time it (num_threads=1): idle OpenMP workers spin, on the CPU clock
+    try:
+        r = generate(tiny_llama, [5, 6, 7], name="speculative", max_new_tokens=8, gamma=3)
+    finally:
+        torch.set_num_threads(threads)
+    waited = 0.02 * r.target_forwards
+    assert r.wall_time_s >= waited  # control: wall time counts the wait
+    assert r.cpu_time_s < r.wall_time_s - 0.8 * waited
+    assert set(r.call_cpu_s) == set(r.calls) and 0 < sum(r.call_cpu_s.values()) <= r.cpu_time_s
+    target_cpu = sum(v for k, v in r.call_cpu_s.items() if k.startswith("target"))
+    assert target_cpu < 0.5 * waited  # the target's forwards waited 20 ms each, on no CPU

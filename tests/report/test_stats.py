@@ -445,3 +445,22 @@ def test_draft_free_rows_join_the_drafted_speculative_baseline(tmp_path):
     df = prepare(pd.DataFrame([flatten_dict(r) for r in other]), search=[tmp_path], profiles=[])
     block = df[df.variant.str.startswith("speculative (accept=block")].iloc[0]
     assert block.speedup is None or pd.isna(block.speedup)
+
+
+def test_ratio_interval_is_a_ratio_of_sums_with_its_own_resamples():
+    """The ratio of sums over prompts, an interval that covers it, and resamples keyed by the data: two
+    different cells never share their indices (control: the same data gives the same interval)."""
+    from mtad.report.stats import ratio_interval
+
+    rng = np.random.default_rng(3)
+    num, den = rng.uniform(10, 30, 20), np.full(20, 64.0)
+    point, low, high = ratio_interval(num, den)
+    assert point == pytest.approx(num.sum() / den.sum()) and low < point < high
+    assert ratio_interval(num, den) == [point, low, high]  # control: deterministic for the same cell
+    from mtad.report.stats import cell_key
+
+    other = ratio_interval(num + 1e-9, den)  # another cell (nearly the same data): other resamples
+    assert abs(other[1] - low) + abs(other[2] - high) > 1e-4
+    same = ratio_interval(num + 1e-9, den, key=cell_key(num, den))  # control: the first cell's resamples
+    assert same[1:] == pytest.approx([low, high], abs=1e-8)
+    assert all(np.isnan(ratio_interval([], [])))
