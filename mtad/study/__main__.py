@@ -83,7 +83,7 @@ def verifiers(args: argparse.Namespace, argv: Sequence[str]) -> list[Path]:
     if dec.temperature == 0:
         raise ValueError("--temperature=0 is out of range for this study: at T = 0 every rule is exact matching")
     models, results, pairing, t0 = None, [], {}, time.perf_counter()
-    sha = git_info(REPO_ROOT)[0]  # the code that runs: read before the (long) study, not after
+    sha, dirty = git_info(REPO_ROOT)  # the code that runs: read before the (long) study, not after
     rule_list = rules(mtad_taus=tuple(args.mtad_taus))
     configs = [OmegaConf.to_container(compose_job([f"model={args.model}", f"task={task_name}",
                                                    f"task.n_prompts={args.prompts}", "task.few_shot=0",
@@ -109,7 +109,7 @@ def verifiers(args: argparse.Namespace, argv: Sequence[str]) -> list[Path]:
         results.append(res)
     env = environment_info([next(models.target.parameters()).device])
     meta = {"pair": args.model, "device_name": env["device_name"], "num_threads": env["num_threads"],
-            "versions": env["versions"], "git_sha": sha, "seconds": time.perf_counter() - t0,
+            "versions": env["versions"], "git_sha": sha, "git_dirty": dirty, "seconds": time.perf_counter() - t0,
             "command": "python -m mtad.study " + " ".join(argv), "gamma": args.gamma, "tokens": args.tokens,
             "stride": args.stride, "continuation": args.continuation, "temperature": args.temperature,
             "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed, "n_boot": N_BOOT, "pairing": pairing,

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from mtad._util.paths import REPO_ROOT, default_data_dir
+from mtad.harness.rows import git_info
 from mtad.models import smollm2
 from mtad.models.draft_head import HEAD_FILE, install_head
 from mtad.models.load import load_tied_draft, resolve_local
@@ -103,6 +104,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     done = {json.loads(x)["name"] for x in out.read_text().splitlines() if x.strip()} if out.is_file() else set()
+    sha, dirty = git_info(REPO_ROOT)  # the code that measures, read before the (long) run
     target, tok = smollm2.load(dtype="float32", device="cpu")
     es = eval_set(target, tok, default_data_dir(), Path(args.cache))
     for item in args.drafts:
@@ -112,7 +114,8 @@ def main(argv=None) -> int:
             continue
         t0 = time.perf_counter()
         r = heldout_alpha(load_draft(spec, target), es)
-        r.update(name=name, draft=spec, teacher="fp32", seconds=round(time.perf_counter() - t0, 1))
+        r.update(name=name, draft=spec, teacher="fp32", seconds=round(time.perf_counter() - t0, 1), git_sha=sha,
+                 git_dirty=dirty)
         log.info("%s (%s): alpha %.3f [%.3f, %.3f]", name, spec, *r["alpha"])
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("a") as f:
