@@ -1,7 +1,8 @@
 """Held-out α of any draft of the embedded target, measured as the draft card measures it
 (:mod:`mtad.train.heldout`): the fp32 target's own sampled continuations (T = 1, top-k 10, top-p 0.9, 64 tokens)
 of 10 GSM8K test and 10 HumanEval prompts, teacher-forced through the draft; α = mean Σ_v min(p̃, q̃) per
-position. Adds a 95 % interval that resamples prompts (a prompt's positions are correlated).
+position. Adds a 95 % interval that resamples prompts (a prompt's positions are correlated;
+:func:`mtad.report.stats.ratio_interval`, the project's one bootstrap).
 
 An oracle mixture q̃_λ = λ·q̃ + (1 − λ)·p̃ needs no measurement of its own: min(p̃, q̃_λ) = (1 − λ)·p̃ + λ·min(p̃, q̃),
 so α_λ = 1 − λ + λ·α exactly, position by position (:func:`mixture_alpha`).
@@ -20,7 +21,7 @@ from mtad.models import smollm2
 from mtad.models.draft_head import HEAD_FILE, install_head
 from mtad.models.load import load_tied_draft, resolve_local
 from mtad.models.selfspec import derived_draft, is_derived
-from mtad.study.stats import prompt_interval
+from mtad.report.stats import ratio_interval
 from mtad.train.config import TrainDraftConfig
 from mtad.train.corpus import Corpus
 from mtad.train.heldout import EVAL_KEYS, _score, build_eval_set
@@ -45,7 +46,7 @@ def eval_set(target, tok, data_dir: Path, cache: Path | None = None) -> dict:
 
 
 @torch.no_grad()
-def heldout_alpha(draft, es: dict, seed: int = 0) -> dict:
+def heldout_alpha(draft, es: dict) -> dict:
     """α (point, 95 % interval over prompts) overall and per domain, with the per-prompt values."""
     per_prompt, domains = [], []
     for item in es["items"]:
@@ -56,11 +57,11 @@ def heldout_alpha(draft, es: dict, seed: int = 0) -> dict:
         per_prompt.append((sum(d["alpha"]), len(d["alpha"])))
         domains.append(item["domain"])
     num, den = np.array([a for a, _ in per_prompt]), np.array([n for _, n in per_prompt], dtype=float)
-    out = {"alpha": prompt_interval(num, den, seed=seed), "positions": int(den.sum()), "prompts": len(num),
+    out = {"alpha": ratio_interval(num, den), "positions": int(den.sum()), "prompts": len(num),
            "per_prompt": [[float(a), int(n), dom] for (a, n), dom in zip(per_prompt, domains)]}
     for dom in sorted(set(domains)):
         m = np.array([x == dom for x in domains])
-        out[f"alpha_{dom}"] = prompt_interval(num[m], den[m], seed=seed)
+        out[f"alpha_{dom}"] = ratio_interval(num[m], den[m])
     return out
 
 

@@ -1,13 +1,22 @@
-"""Drafts made from the target (mtad.models.selfspec) and the oracle mixture's α (mtad.study.alpha), each
-with a control that must fail."""
+"""Drafts made from the target (mtad.models.selfspec), the oracle mixture's α (mtad.study.alpha) and the regime
+map (mtad.study.regimes) on a small synthetic ``results/regimes`` tree, each with a control that must fail."""
+import json
+import logging
+
 import numpy as np
 import pytest
 import torch
 
 from mtad.decoding import DecoderConfig, generate
+from mtad.measure.simulate import CostProfile, predict
 from mtad.models.pair import ModelPair
 from mtad.models.selfspec import derived_draft, parse
+from mtad.report.stats import ratio_interval
 from mtad.study.alpha import mixture_alpha
+from mtad.study.regimes import __main__ as regimes_main
+from mtad.study.regimes.build import build, histograms, ratio_intervals, simulate
+from mtad.study.regimes.inputs import TAUS, alphas, checks, profile
+from mtad.study.regimes.tables import markdown
 from tests.tinymodels import model
 
 
@@ -98,8 +107,6 @@ def test_ratio_intervals_pair_by_cluster():
     """Σ L_a / Σ L_b over contexts, interval over (task, prompt) clusters: a rule against itself is exactly 1
     with a zero-width interval; one that accepts one more token per context is above 1 with an interval that
     excludes 1 (control: the interval is not degenerate there)."""
-    from mtad.study.regimes import histograms, ratio_intervals
-
     rng = np.random.default_rng(0)
     tau = rng.integers(0, 4, size=200)
     rec = {"rules": ["lossless", "same", "more"], "task": ["a"] * 100 + ["b"] * 100,
@@ -108,3 +115,128 @@ def test_ratio_intervals_pair_by_cluster():
     pt, lo, hi = ratio_intervals(rec, "more", "lossless")
     assert pt == pytest.approx((tau + 2).sum() / (tau + 1).sum()) and 1 < lo < pt < hi
     assert sum(histograms(rec)["lossless"].values()) == 200
+
+
+# ---- a synthetic results/regimes tree --------------------------------------------------------------------------
+RULES = ["lossless", "block", *(f"mtad (τ={t})" for t in TAUS)]
+DECODERS = ("sampling", "speculative", "block", "mtad")
+
+
+def _profile(t1, c, c_W, v):
+    return {"label": "calibration", "t1": t1, "c": c, "c_W": c_W, "v": v, "prefill": 0.0, "kind": "measured",
+            "unit": "ms", "overhead": {d: 0.05 for d in DECODERS}, "per_prompt": {d: 1.0 for d in DECODERS}}
+
+
+def _check(name, t1, c, errors):
+    """A check file in the regime check's format: calibrations before, after and pooled; every point measured
+    at ``ms`` and predicted at ``ms · (1 + error)``."""
+    ms = {"sampling": 50.0, "speculative": 30.0, "block": 31.0, "mtad": 29.0}
+    points = []
+    for d in DECODERS:
+        pred = ms[d] * (1 + errors[d])
+        points.append({
+            "draft": name, "decoder": d, "measured_ms_per_token": [ms[d], 0.9 * ms[d], 1.1 * ms[d]],
+            "measured_wall_ms_per_token": [1.02 * ms[d], 0.96 * ms[d], 1.08 * ms[d]],
+            "predicted_ms_per_token": pred, "error": pred / ms[d] - 1, "predicted_before_after": [pred - 1, pred + 1],
+            "predicted_from_calls": 1.01 * ms[d], "error_from_calls": 0.01,
+            "block_efficiency": 1.0 if d == "sampling" else 2.5, "acceptance_rate": None if d == "sampling" else 0.6,
+            "histogram": {"1": 48} if d == "sampling" else {"1": 4, "2": 4, "3": 4, "4": 2, "5": 2},
+            "n_prompts": 3, "tokens": 48,
+        })
+    for p in points:
+        for ref in ("sampling", "speculative"):
+            if p["decoder"] != ref:
+                m, pr = ms[ref] / ms[p["decoder"]], (ms[ref] * (1 + errors[ref])) / p["predicted_ms_per_token"]
+                p[f"speedup_vs_{ref}"] = {"measured": [m, 0.9 * m, 1.1 * m], "measured_wall": [m, None, None],
+                                          "predicted": pr, "error": pr / m - 1}
+    cal = {"before": _profile(1.1 * t1, c, c, 1.1), "after": _profile(0.9 * t1, c, c, 1.1),
+           "pooled": _profile(t1, c, 1.2 * c, 1.1)}
+    return {"draft": name, "points": points, "clock": "cpu",
+            "calibration": {k: {"unit_cpu_ms": {}, "calls": {}, "prompts": 4, "profile": v} for k, v in cal.items()}}
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """drafts.tsv (two real drafts, one oracle), alpha.jsonl (stored α deliberately wrong: the map recomputes
+    it), study contexts, a new-format check for each real draft (token's mtad point predicted 30 % off) and an
+    old-format check that must be skipped."""
+    (tmp_path / "drafts.tsv").write_text("# name\tmodel\textra\nrun5\tm\ntoken\tm\tmodel.draft=x\n"
+                                         "oracle50\tm\t--oracle-mix 0.5\n")
+    rng = np.random.default_rng(1)
+    rows = []
+    for name, a in (("run5", 0.6), ("token", 0.4)):
+        pp = [[float(a * 64 + rng.normal(0, 3)), 64, "gsm8k" if i < 5 else "humaneval"] for i in range(10)]
+        rows.append({"name": name, "alpha": [0.01, 0.0, 0.02], "per_prompt": pp})
+        tau = rng.integers(0, 5, size=(60, 1)) + np.zeros((1, len(RULES)), dtype=int)
+        tau[:, 2:] = np.minimum(tau[:, 2:] + rng.integers(0, 2, size=(60, len(RULES) - 2)), 4)
+        rec = {"rules": RULES, "task": ["gsm8k"] * 30 + ["mtbench"] * 30, "prompt": [i // 6 for i in range(60)],
+               "tau": tau.tolist()}
+        (tmp_path / "study").mkdir(exist_ok=True)
+        (tmp_path / "study" / f"{name}.contexts.json").write_text(json.dumps(rec))
+    (tmp_path / "study" / "oracle50.contexts.json").write_text((tmp_path / "study" / "run5.contexts.json").read_text())
+    (tmp_path / "alpha.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "check").mkdir()
+    ok = dict.fromkeys(DECODERS, 0.02)
+    for name, t1, c, err in (("run5", 50.0, 0.09, ok), ("token", 45.0, 0.3, {**ok, "mtad": 0.30})):
+        (tmp_path / "check" / f"check-{name}.json").write_text(json.dumps(_check(name, t1, c, err)))
+    (tmp_path / "check" / "check-int8.json").write_text(json.dumps({"draft": "int8", "points": [], "profiles": {}}))
+    return tmp_path
+
+
+def test_alpha_is_recomputed_from_the_per_prompt_counts(tree):
+    """α is the one bootstrap's ratio of sums over alpha.jsonl's per-prompt counts, not the stored field (the
+    control: the stored [0.01, 0, 0.02] is far from it); the oracle takes 1 − λ + λ·α of the feature draft."""
+    al = alphas(tree)
+    row = json.loads((tree / "alpha.jsonl").read_text().splitlines()[0])
+    num, den = [a for a, _, _ in row["per_prompt"]], [n for _, n, _ in row["per_prompt"]]
+    assert al["run5"] == ratio_interval(num, den)
+    assert al["run5"][1] < al["run5"][0] < al["run5"][2] and al["run5"][0] != pytest.approx(row["alpha"][0], abs=0.1)
+    assert al["oracle50"] == pytest.approx(mixture_alpha(al["run5"], 0.5))
+
+
+def test_check_profile_and_old_format(tree, caplog):
+    """The pooled calibration becomes the simulator's CostProfile, per-prompt costs included (the control: a
+    prediction with prompts moves by exactly their per-prompt term); an old-format check is skipped with a
+    warning."""
+    with caplog.at_level(logging.WARNING):
+        chk = checks(tree)
+    assert set(chk) == {"run5", "token"} and "check-int8.json" in caplog.text
+    prof = profile(chk["run5"])
+    assert isinstance(prof, CostProfile) and prof.t1 == 50.0 and prof.c_W == pytest.approx(1.2 * 0.09)
+    assert profile(chk["run5"], "before").t1 == pytest.approx(55.0)
+    h = {1: 3, 2: 3, 5: 2}
+    base = predict(h, "mtad", prof, 4)
+    assert predict(h, "mtad", prof, 4, prompts=2) == pytest.approx(base + prof.t1 * 2 * 1.0 / 19)
+
+
+def test_map_tables_from_the_new_check_format(tree):
+    """Every (draft, decoder) point is listed with its CPU and wall intervals and before–after bracket; the ±10 %
+    sentence counts the deliberately wrong point (token's mtad, +30 %) outside; the CPU own-cost column uses
+    each checked draft's pooled profile and the feature-draft column run5's (controls: token's own cost differs
+    from run5's, and its before profile would give another number)."""
+    res = build(tree)
+    md = markdown(res)
+    for name in ("run5", "token"):
+        for d in DECODERS:
+            assert f"| {name} | {d} | " in md
+    assert "| token | mtad | 29.0 [26.1, 31.9] | 29.6 [27.8, 31.3] | 37.7 (36.7–38.7) | +30.0 % |" in md
+    assert "7 of 8 points are predicted within ±10 %" in md and "8 of 8 from their forward counts" in md
+    assert "| run5 | pooled | 50.0 | 0.090 | 0.108 | 1.100 | 0.050 / 0.050 / 0.050 / 0.050 |" in md
+    rows = {r["name"]: r for r in res["drafts"]}
+    chk = checks(tree)
+    own = simulate(rows["token"]["hist"], profile(chk["token"]))["mtad_vs_spec"]["0.5"]
+    feat = simulate(rows["token"]["hist"], profile(chk["run5"]))["mtad_vs_spec"]["0.5"]
+    before = simulate(rows["token"]["hist"], profile(chk["token"], "before"))["mtad_vs_spec"]["0.5"]
+    assert rows["token"]["simulated"]["cpu_own"]["mtad_vs_spec"]["0.5"] == own
+    assert rows["token"]["simulated"]["cpu_feature_cost"]["mtad_vs_spec"]["0.5"] == feat
+    assert own != pytest.approx(feat) and own != pytest.approx(before)
+    assert "cpu_own" not in rows["oracle50"]["simulated"]
+    assert f"| token | {rows['token']['alpha'][0]:.2f} | {own:.3f} | {feat:.3f} |" in md
+    assert {m["name"] for m in res["measured"]} == {"run5", "token"}
+
+
+def test_cli_writes_the_three_outputs(tree):
+    assert regimes_main.main(["--root", str(tree)]) == 0
+    assert json.loads((tree / "regimes.json").read_text())["checks"]["token"]["points"][3]["decoder"] == "mtad"
+    assert (tree / "regimes.md").read_text().startswith("# Regime map")
+    assert (tree / "regimes.png").stat().st_size > 0

@@ -1,0 +1,157 @@
+"""``regimes.png``: the map as four panels along held-out α. Top, hardware-free: the block-efficiency ratio
+MTAD / speculative and MTAD / block of the same-draft study, the mtad decoder's measured ratios and the paper's
+runs. Bottom, in time: simulated speed-ups on this CPU, **projections** under the declared GPU profiles, the
+measured speed-ups and the paper's."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from mtad.measure.simulate import GPU_PROFILES
+from mtad.study.regimes.inputs import TAUS
+
+# the paper's per-run figures (docs/PAPER.md; Llama-3.1-8B / 3.2-1B, γ = 4, W = 4): SpecInfer's acceptance,
+# MTAD's and SpecInfer's block efficiency and ms/token
+PAPER_RUNS = [
+    ("Spider base", 0.85, 4.19, 3.55, 33.20, 35.52),
+    ("Spider instruct", 0.79, 4.14, 3.36, 30.04, 32.91),
+    ("HumanEval base", 0.89, 4.33, 3.66, 29.02, 30.73),
+    ("HumanEval instruct", 0.88, 4.34, 3.64, 27.67, 29.48),
+]
+PAPER_HEADLINES = [("arXiv v2–v4", 1.42), ("camera-ready", 1.26)]
+TAU_COLORS = dict(zip(TAUS, ("#fdae61", "#f46d43", "#d73027", "#a50026", "#67001f")))
+
+
+def reading(res: dict) -> str:
+    """One sentence from the numbers: MTAD (τ = 0.5) / token-wise accepted-length ratio at the weakest and the
+    strongest real draft, and the measured speed-up range."""
+    real = sorted((r for r in res["drafts"] if r["oracle_mix"] is None), key=lambda r: r["alpha"][0])
+    if not real:
+        return ""
+    lo, hi = real[0], real[-1]
+    text = (
+        f"At τ = 0.5 MTAD's joint rule accepts {lo['vs_spec']['0.5'][0]:.2f}× token-wise's mean length "
+        f"with the weakest draft (α {lo['alpha'][0]:.2f}) and {hi['vs_spec']['0.5'][0]:.2f}× with the strongest "
+        f"real draft (α {hi['alpha'][0]:.2f})"
+    )
+    if res["measured"]:
+        v = [m["mtad_vs_spec"]["measured"][0] for m in res["measured"]]
+        span = f"{min(v):.2f}" if f"{min(v):.2f}" == f"{max(v):.2f}" else f"{min(v):.2f}–{max(v):.2f}"
+        text += f"; measured here (CPU time), the mtad decoder is {span}× speculative decoding"
+    return text + "."
+
+
+def _err(ivs: list) -> np.ndarray:
+    """(2, n) error-bar lengths of [point, lo, hi] intervals; none where an end is missing."""
+    return np.array([[0.0, 0.0] if iv[1] is None or iv[2] is None else [iv[0] - iv[1], iv[2] - iv[0]]
+                     for iv in ivs]).reshape(-1, 2).T
+
+
+def _paper(ax, y: list[float], label: str) -> None:
+    """The paper's per-run points (x: SpecInfer's acceptance)."""
+    ax.scatter([p[1] for p in PAPER_RUNS], y, marker="*", s=120, color="k", zorder=5, label=label)
+
+
+def _finish(ax, title: str, ylabel: str) -> None:
+    ax.axhline(1, color="grey", lw=0.8, ls=":")
+    ax.set_title(title, fontsize=10)
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel("held-out α of the draft (draft card's method; oracle: 1 − λ + λ·α)")
+    ax.set_xlim(0.3, 1.0)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1, frameon=False)
+
+
+def ratio_panel(ax, res: dict, key: str, title: str) -> None:
+    """Block-efficiency ratio MTAD / ``key`` (``spec`` or ``block``) along α."""
+    rows = sorted(res["drafts"], key=lambda r: r["alpha"][0])
+    x = np.array([r["alpha"][0] for r in rows])
+    xerr = _err([r["alpha"] for r in rows])
+    real = np.array([r["oracle_mix"] is None for r in rows])
+    for k, t in enumerate(TAUS):
+        ivs = [r[f"vs_{key}"][t] for r in rows]
+        y, yerr = np.array([iv[0] for iv in ivs]), _err(ivs)
+        for sel, fmt, mfc, lab in (
+            (real, "o-", None, f"MTAD joint rule τ = {t}, same-draft study, real drafts "
+             "(x offset ±0.008 for legibility; α interval on τ = 0.5)"),
+            (~real, "o", "white", f"same, τ = {t}, oracle mixtures (not connected)"),
+        ):
+            if sel.any():
+                ax.errorbar(x[sel] + 0.004 * (k - 2), y[sel], yerr=yerr[:, sel], xerr=xerr[:, sel] if k == 2 else None,
+                            fmt=fmt, ms=4, lw=1, capsize=2, color=TAU_COLORS[t], mfc=mfc, label=lab)
+    for r in rows:
+        if r["oracle_mix"] is not None:
+            ax.annotate(f"oracle λ={r['oracle_mix']:g}", (r["alpha"][0], r[f"vs_{key}"]["0.5"][0]), fontsize=7,
+                        xytext=(4, -10), textcoords="offset points")
+    if res["measured"]:
+        ax.plot([m["alpha"][0] for m in res["measured"]], [m[f"be_ratio_vs_{key}"] for m in res["measured"]], "D",
+                color="#1f78b4", ms=7, zorder=6,
+                label="the mtad decoder (beam drafts, τ = 0.5) / the same pair's run, measured here on GSM8K")
+    if key == "spec":
+        _paper(ax, [p[2] / p[3] for p in PAPER_RUNS], "paper, MTAD / SpecInfer tree (x: SpecInfer acceptance)")
+    _finish(ax, title, "ratio of mean accepted length (Σ L / Σ L)")
+
+
+def speed_panel(ax, res: dict, key: str, title: str) -> None:
+    """Speed-up MTAD (τ = 0.5) / ``key`` (``spec`` or ``block``): simulated, projected, measured, the paper's."""
+    rows = sorted(res["drafts"], key=lambda r: r["alpha"][0])
+    realr = [r for r in rows if r["oracle_mix"] is None]
+    k_sim = f"mtad_vs_{key}"
+    own = [(r["alpha"][0], r["simulated"]["cpu_own"][k_sim]["0.5"]) for r in rows if "cpu_own" in r["simulated"]]
+    if own:
+        ax.plot(*zip(*own), "s", color="#1f78b4", mfc="none", ms=8,
+                label="simulated, this CPU, each draft at its own calibrated cost")
+    feat = [(r["alpha"][0], r["simulated"]["cpu_feature_cost"][k_sim]["0.5"]) for r in realr
+            if "cpu_feature_cost" in r["simulated"]]
+    if feat:
+        ax.plot(*zip(*feat), "-", color="#1f78b4", lw=1.5,
+                label="simulated from the study's histograms, this CPU, every real draft at the feature draft's cost")
+    for gk, col in (("llama8b_1b", "#33a02c"), ("opt13b_125m", "#6a3d9a")):
+        lo = [r["simulated"][f"{gk}_lo"][k_sim]["0.5"] for r in realr]
+        hi = [r["simulated"][f"{gk}_hi"][k_sim]["0.5"] for r in realr]
+        label, (c_lo, c_hi) = GPU_PROFILES[gk][0].removeprefix("GPU, "), GPU_PROFILES[gk][1]
+        ax.fill_between([r["alpha"][0] for r in realr], np.minimum(lo, hi), np.maximum(lo, hi), color=col, alpha=0.25,
+                        label=f"PROJECTION: {label} on a GPU (declared c {c_lo:g}–{c_hi:g}, v 1.0–1.1)")
+    meas = res["measured"]
+    for i, m in enumerate(meas):
+        ax.plot([m["alpha"][0]] * 2, m["projected"]["llama8b_1b"][k_sim], "-", color="#33a02c", lw=5, alpha=0.8,
+                solid_capstyle="butt",
+                label=None if i else "PROJECTION: 8B/1B GPU costs on the mtad decoder's own histograms")
+    if meas and key == "spec":
+        ivs = [m["mtad_vs_spec"]["measured"] for m in meas]
+        ax.errorbar([m["alpha"][0] for m in meas], [iv[0] for iv in ivs], yerr=_err(ivs), fmt="D", color="#e31a1c",
+                    capsize=3, label="measured here (CPU time), mtad decoder (beam drafts), paired 95 % CI")
+    elif meas:
+        ax.plot([m["alpha"][0] for m in meas], [m["mtad_vs_block_measured"] for m in meas], "D", color="#e31a1c",
+                label="measured here (CPU time), mtad decoder (beam drafts), ratio of ms/token")
+    if key == "spec":
+        _paper(ax, [p[5] / p[4] for p in PAPER_RUNS],
+               "paper, MTAD / SpecInfer per-run ms/token (x: SpecInfer acceptance)")
+        for lbl, v in PAPER_HEADLINES:
+            ax.axhline(v, color="k", lw=0.8, ls="--")
+            ax.text(0.99, v, f"paper headline vs speculative, {lbl}: {v}× (no α given) ", fontsize=7, va="top",
+                    ha="right", transform=ax.get_yaxis_transform())
+    _finish(ax, title, "speed-up (ratio of ms/token)")
+
+
+def figure(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(14, 12.5))
+    ratio_panel(axes[0, 0], res, "spec", "block-efficiency ratio MTAD / token-wise speculative")
+    ratio_panel(axes[0, 1], res, "block", "block-efficiency ratio MTAD / block verification")
+    speed_panel(axes[1, 0], res, "spec", "speed-up MTAD (τ = 0.5) / speculative")
+    speed_panel(axes[1, 1], res, "block", "speed-up MTAD (τ = 0.5) / block verification")
+    fig.suptitle(
+        "When does joint verification pay? Target SmolLM2-135M-Instruct (bf16) with drafts of increasing "
+        f"strength, γ = 4\nmeasured on {res.get('hardware', 'this CPU')} (1 thread); GPU bands are PROJECTIONS "
+        "under declared costs, not measurements",
+        fontsize=11,
+    )
+    fig.text(0.5, 0.004, reading(res), ha="center", fontsize=8.5, wrap=True)
+    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
