@@ -438,18 +438,23 @@ class Session:
         """Drop every row's junk and the padding columns no row needs: row i's entries end at the last slot."""
         C = len(self)
         sizes = [self.size(i) for i in range(len(self.ids))]
+        if any(self.junk):
+            self._check_surgery("roll back")
         if C == 0 or not any(self.junk) and C == max(sizes):
             return
-        self._check_surgery("roll back")
         W, drop = max(sizes), self.junk[0]
         if min(self.junk) == max(self.junk) and C - drop == W:  # every row drops the same tail: crop
-            self.cache.crop(-drop)  # transformers 5.x: a negative count of tokens to remove
-            if self.feats is not None:
-                self.feats = self.feats[:, :C - drop]
+            self._crop(drop)
         else:
             junk = torch.tensor(self.junk)  # (B,)
             self._gather((torch.arange(W)[None, :] - W + C - junk[:, None]).clamp(min=0))  # (B, W) old slots
         self.junk = [0] * len(self.junk)
+
+    def _crop(self, drop: int) -> None:
+        """Drop the last ``drop`` slots of every row."""
+        self.cache.crop(-drop)  # transformers 5.x: a negative count of tokens to remove
+        if self.feats is not None:
+            self.feats = self.feats[:, :-drop]
 
     def _gather(self, src: torch.Tensor) -> None:
         """New slot t of position i is old slot ``src[i, t]`` (B, C'), in every layer and in ``feats``."""
