@@ -326,6 +326,48 @@ def test_speculative_batch_is_lossless_per_row_and_independent(monkeypatch):
     assert bad > bound, f"a uniform shared by all rows passed: chi2 {bad:.1f} <= {bound:.1f}; the test has no power"
 
 
+LOSSLESS = [
+    ("sampling", {}),
+    ("speculative", {"accept": "block"}),
+    ("speculative", {"proposer": "ngram", "ngram_max": 2}),
+    ("specinfer", {"k_config": [2, 2]}),
+    ("speculative", {"draft": "feature"}),
+]
+
+
+@functools.cache
+def dist_feature_pair() -> ModelPair:
+    """The distribution target with a feature draft far from it (a copy of the target whose input adds a large
+    projection of the parent's feature)."""
+    return ModelPair(dist_pair().target, feature_draft(dist_pair().target, eps=1.0))
+
+
+@pytest.mark.parametrize("dec", LOSSLESS, ids=ids)
+def test_lossless_decoders_follow_the_target_per_row_at_batch_4(dec):
+    """Every lossless decoder at batch 4 (rows of different lengths; the default lossless speculative decoder is
+    tested above at batch 5): each row's first two tokens follow that row's exact filtered target joint (Pearson
+    chi-square below chi2.ppf(0.999, dof), small cells pooled). The control is a deliberately wrong law: the same
+    counts tested against the draft's joint (token drafts) or the next row's target joint must exceed the bound."""
+    name, extra = dec
+    feature = extra.get("draft") == "feature"
+    models = dist_feature_pair() if feature else dist_pair()
+    g, prompts = torch.Generator().manual_seed(7), DIST_PROMPTS[1:]
+    counts = torch.zeros(len(prompts), V, V)
+    c = dict(name=name, **{k: v for k, v in extra.items() if k != "draft"}, **FILT, max_new_tokens=3, gamma=2)
+    for _ in range(N_DRAWS // 2):
+        for b, r in enumerate(mtad.generate(models, prompts, c, g)):
+            counts[b, r.tokens[0], r.tokens[1]] += 1
+    token_draft = name != "sampling" and extra.get("proposer") != "ngram" and not feature
+    wrong = 0
+    for b, prompt in enumerate(prompts):
+        stat, bound = tm.chi_square(counts[b], exact_joint2(models.target, prompt))
+        assert stat < bound, f"row {b} is not lossless: chi2 {stat:.1f} >= {bound:.1f}"
+        bad = exact_joint2(models.draft, prompt) if token_draft else exact_joint2(models.target, prompts[b - 1])
+        stat, bound = tm.chi_square(counts[b], bad)
+        wrong += stat > bound
+    assert wrong >= len(prompts) - 1, f"only {wrong} rows reject the wrong law: the test has too little power"
+
+
 # ---- sliding windows: slot distance = position distance in every row ----------------------------------------
 @pytest.mark.parametrize("arch", ["mistral", "qwen2"])
 @pytest.mark.parametrize("dec", [("greedy", {}), ("speculative", {}), ("mtad", {})], ids=ids)

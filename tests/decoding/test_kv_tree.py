@@ -191,3 +191,89 @@ def test_kept_logits_reach_the_head_as_a_fresh_tensor(model):
         assert seen[-1] == (len(PREFIX) * D, D, 1)  # the control: an int keeps a view of the whole row
     finally:
         hook.remove()
+
+
+# ---- several rows: per-row tree masks, paths, beams ---------------------------------------------------------
+ROW_PREFIXES = [PREFIX[:4], [7, 1], [5, 5, 6, 2, 9, 30, 4]]  # different lengths: the shorter rows are left-padded
+
+
+def build_rows(m) -> tuple[Session, list[dict[int, list[int]]], list[dict[int, torch.Tensor]], list[dict[int, int]]]:
+    """Three rows of different lengths, each with its own tree in one call (different node counts, so the shorter
+    trees are right-padded) and a second call that adds nodes to two rows only. Returns the session, each row's
+    node index -> path after its prefix, each row's node logits and each row's node index -> parent index."""
+    s = Session(m, [Stats(), Stats(), Stats()], "target")
+    s.forward(ROW_PREFIXES)
+    P = [len(p) for p in ROW_PREFIXES]
+    calls = [([[1, 5, 1, 30], [4], [2, 8, 8]], [[P[0] - 1, P[0], P[0], P[0] + 1], [P[1] - 1], [P[2] - 1] * 3]),
+             ([[7, 7], [], [3]], [[P[0] + 1, P[0] + 3], [], [P[2] + 2]])]
+    paths, out, up = [{} for _ in P], [{} for _ in P], [{} for _ in P]
+    for tokens, parents in calls:
+        start = [s.size(i) for i in range(3)]
+        logits = s.forward_tree(tokens, parents)  # (3, S, V) right-aligned per row
+        for i, (toks, pars) in enumerate(zip(tokens, parents)):
+            for k, (t, par) in enumerate(zip(toks, pars)):
+                paths[i][start[i] + k] = paths[i].get(par, []) + [t]
+                up[i][start[i] + k] = par
+                out[i][start[i] + k] = logits[i, logits.shape[1] - len(toks) + k]
+    return s, paths, out, up
+
+
+@torch.no_grad()
+def test_row_trees_equal_each_path_alone(model):
+    """Each row's tree nodes see only their own row's prefix and ancestors (per-row 4D masks, per-row positions),
+    then each row keeps a different path and continues linearly."""
+    s, paths, out, up = build_rows(model)
+    for i, prefix in enumerate(ROW_PREFIXES):
+        for idx, logits in out[i].items():
+            assert close(logits, alone(model, prefix + paths[i][idx])), (i, idx)
+    keep = [max(out[0]), min(out[1]), max(out[2])]  # a depth-3 leaf, a root, a depth-2 leaf
+    chains = []
+    for i in range(3):
+        chain = [keep[i]]
+        while up[i][chain[-1]] in up[i]:  # up to the root (whose parent is the last linear token)
+            chain.append(up[i][chain[-1]])
+        chains.append(chain[::-1])
+    s.commit_path(chains, [paths[i][keep[i]] for i in range(3)])
+    texts = [p + paths[i][keep[i]] for i, p in enumerate(ROW_PREFIXES)]
+    assert s.ids == texts
+    got = s.forward([[11], [12, 13], [14]], keep=1)[:, -1]  # (3, V)
+    for i, (text, new) in enumerate(zip(texts, [[11], [12, 13], [14]])):
+        assert close(got[i], alone(model, text + new)), i
+
+
+@torch.no_grad()
+def test_one_mask_for_all_rows_is_caught(model, monkeypatch):
+    """Negative control: every row given row 0's tree mask (as if trees were one prompt at a time)."""
+    orig = Session._tree_mask
+
+    def shared(self, visible, pos, key_pos):
+        return orig(self, visible[:1].expand_as(visible), pos, key_pos)
+
+    monkeypatch.setattr(Session, "_tree_mask", shared)
+    _, paths, out, _ = build_rows(model)
+    assert not all(close(lg, alone(model, ROW_PREFIXES[i] + paths[i][idx]))
+                   for i in (1, 2) for idx, lg in out[i].items())
+
+
+@torch.no_grad()
+def test_rows_keep_different_numbers_of_beams(model):
+    """Beams of rows of different lengths, 3 and 1 per row, through a reorder: each beam equals its text alone,
+    and the kept beam of each row continues linearly."""
+    s = Session(model, [Stats(), Stats()], "draft")
+    s.forward([PREFIX, [7, 1]])
+    s.expand([3, 1])
+    t1 = torch.tensor([4, 12, 19, 6])
+    out = s.forward_beams(t1)  # (4, V)
+    texts = [PREFIX + [4], PREFIX + [12], PREFIX + [19], [7, 1, 6]]
+    for b in range(4):
+        assert close(out[b], alone(model, texts[b]))
+    s.select(torch.tensor([2, 2, 3]))  # row 0 keeps two copies of its third beam, row 1 its only one
+    out = s.forward_beams(torch.tensor([1, 30, 8]))
+    texts = [PREFIX + [19, 1], PREFIX + [19, 30], [7, 1, 6, 8]]
+    for b in range(3):
+        assert close(out[b], alone(model, texts[b]))
+    s.keep_beams([1, 2])
+    assert s.ids == [texts[1], texts[2]]
+    s.sync([texts[1] + [9], texts[2] + [9]])
+    got = s.forward([[9], [9]])[:, -1]
+    assert close(got[0], alone(model, texts[1] + [9])) and close(got[1], alone(model, texts[2] + [9]))
