@@ -1,5 +1,6 @@
 """Beam sampling (ALGORITHMS.md §5 step 1), shared by ``mtad`` (draft, beams in the batch dimension),
-``mmtad`` (draft, beams as a token tree) and ``mtjd mode=beam`` (the target as proposer).
+``mmtad`` (draft, beams as a token tree) and ``mtjd mode=beam`` (the target as proposer); and the level-by-level
+feeding of the token trees of ``specinfer`` and ``mtjd mode=exhaustive`` (:func:`feed_level`).
 
 Weights: step 1 ``w_b ∝ q̃(token_b)``; step s >= 2 scores every (beam b, token v) by ``w_b · q̃(v|b)``,
 draws W pairs proportionally (with or without replacement) and renormalises the drawn scores by their sum.
@@ -121,6 +122,23 @@ def tree_step(session: Session, filt: Callable[[torch.Tensor], torch.Tensor]) ->
         return filt(_left(logits, w))  # (B, max w, V)
 
     return step, node_idx
+
+
+def feed_level(session: Session, filt: Callable[[torch.Tensor], torch.Tensor], rows: list[int], tokens: list,
+               parents: list, prev: list[list[int]], node_idx: list[list[list[int]]]) -> dict[int, torch.Tensor]:
+    """Feed the newest level of the token trees of ``rows`` in one tree pass (``specinfer``'s draft tree,
+    ``mtjd``'s exhaustive tree): row b's nodes ``tokens[b][-1]`` (N_b,) hang off its previous level, whose indices
+    are ``prev[b]``, at ``parents[b][-1]`` (N_b,). Records the new nodes' indices in ``prev`` and ``node_idx``;
+    returns each row's filtered distributions of their children (N_b, V)."""
+    B = len(tokens)
+    feed = [tokens[b][-1].tolist() if b in rows else [] for b in range(B)]
+    up = [[prev[b][int(j)] for j in parents[b][-1]] if b in rows else [] for b in range(B)]
+    start = [session.size(b) for b in range(B)]
+    out = session.forward_tree(feed, up)  # (B, S, V): row b's last len(feed[b])
+    for b in rows:
+        prev[b] = list(range(start[b], start[b] + len(feed[b])))
+        node_idx[b].append(prev[b])
+    return {b: filt(out[b, out.shape[1] - len(feed[b]):]) for b in rows}
 
 
 def rows_step(session: Session, filt: Callable[[torch.Tensor], torch.Tensor]) -> Step:

@@ -504,9 +504,9 @@ class Session:
             self.cache.reorder_cache(rows.to(self.device))
         if self.feats is not None:
             self.feats = self.feats.index_select(0, rows.to(self.feats.device))
-        self.ids = [list(self.ids[i]) for i in rows_l]
-        self.node_parent = [list(self.node_parent[i]) for i in rows_l]
-        self.node_pos = [list(self.node_pos[i]) for i in rows_l]
+        for name in ("ids", "node_parent", "node_pos"):  # a position kept twice: its later copies get new lists
+            old, seen = getattr(self, name), set()
+            setattr(self, name, [old[i] if i not in seen and not seen.add(i) else list(old[i]) for i in rows_l])
         for name in ("row", "junk", "_stable", "_anc", "_exact", "_beams"):
             old = getattr(self, name)
             if old is not None:

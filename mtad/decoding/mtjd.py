@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from mtad.decoding.beam import beam_rows
+from mtad.decoding.beam import beam_rows, feed_level
 from mtad.decoding.core import register, vocab_size
 from mtad.decoding.filter import _nucleus_sorted, draw
 from mtad.decoding.kv import Session, check_tree_support
@@ -31,21 +31,14 @@ def exhaustive_blocks(target: Session, batch, K: list[int], rng) -> list[list[in
     down to depth K[b]); return each row's selected block (K[b] ids)."""
     cfg, B = batch.cfg, len(K)
     p0 = batch.filt(target.forward(batch.pending(target))[:, -1])  # (B, V): each root's p̃
-    p = [p0[b:b + 1] for b in range(B)]  # per row (N_d, V)
+    p = {b: p0[b:b + 1] for b in range(B)}  # per row (N_d, V)
     tokens, parents, node_idx = ([[] for _ in range(B)] for _ in range(3))
     joint = [torch.zeros(1, device=p0.device) for _ in range(B)]
     prev = [[len(ids) - 1] for ids in target.ids]
     for d in range(max(K)):
         rows = [b for b in range(B) if K[b] > d]
         if d:  # score the previous level's nodes of every row in one tree pass
-            feed = [tokens[b][-1].tolist() if b in rows else [] for b in range(B)]
-            up = [[prev[b][int(j)] for j in parents[b][-1]] if b in rows else [] for b in range(B)]
-            start = [target.size(b) for b in range(B)]
-            out = batch.filt(target.forward_tree(feed, up))  # (B, S, V): row b's last len(feed[b])
-            for b in rows:
-                n = len(feed[b])
-                p[b], prev[b] = out[b, out.shape[1] - n:], list(range(start[b], start[b] + n))
-                node_idx[b].append(prev[b])
+            p.update(feed_level(target, batch.filt, rows, tokens, parents, prev, node_idx))
         for b in rows:
             par, tok = p[b].nonzero(as_tuple=True)  # (N_d,), (N_d,): every child in the filtered support
             joint[b] = joint[b][par] + p[b][par, tok].log()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from mtad.decoding.accept import multi_draft_accept
+from mtad.decoding.beam import feed_level
 from mtad.decoding.core import register
 from mtad.decoding.filter import draw, uniform
 from mtad.decoding.kv import Session
@@ -24,20 +25,13 @@ def draft_tree(draft: Session, batch, ks: list[list[int]], rng):
     node indices, per row and depth. One draft pass per depth for every row, one draw for all rows' children."""
     B = len(ks)
     q = batch.filt(draft.forward(batch.pending(draft))[:, -1])[:, None]  # (B, 1, V)
-    q = [q[b] for b in range(B)]  # per row (N_{d-1}, V)
+    q = {b: q[b] for b in range(B)}  # per row (N_{d-1}, V)
     tokens, parents, qs, node_idx = ([[] for _ in range(B)] for _ in range(4))
     prev = [[len(ids) - 1] for ids in draft.ids]
     for d in range(max(map(len, ks))):
         rows = [b for b in range(B) if len(ks[b]) > d]
         if d:  # feed depth d of the rows that go deeper
-            feed = [tokens[b][-1].tolist() if b in rows else [] for b in range(B)]
-            up = [[prev[b][int(j)] for j in parents[b][-1]] if b in rows else [] for b in range(B)]
-            start = [draft.size(b) for b in range(B)]
-            out = batch.filt(draft.forward_tree(feed, up))  # (B, S, V): row b's last len(feed[b])
-            for b in rows:
-                n = len(feed[b])
-                q[b], prev[b] = out[b, out.shape[1] - n:], list(range(start[b], start[b] + n))
-                node_idx[b].append(prev[b])
+            q.update(feed_level(draft, batch.filt, rows, tokens, parents, prev, node_idx))
         k = ks[rows[0]][d]  # the static tree: one k_config for every row
         children = draw(torch.cat([q[b] for b in rows]), rng, k, replacement=True).split([len(q[b]) for b in rows])
         for b, c in zip(rows, children):  # c (N_{d-1}, k)
