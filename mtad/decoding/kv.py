@@ -55,13 +55,6 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-import time
-from dataclasses import dataclass, field
-
-import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
-
 # Architectures whose attention honours a float 4D mask (one per layer type) + position_ids:
 # tests/decoding/test_kv_tree.py (llama, opt) and tests/decoding/test_sliding_window.py (mistral, gemma3_text,
 # qwen2, qwen3 with sliding windows).
@@ -223,7 +216,8 @@ class Session:
         if self.source is not None:
             texts = [ids + b for ids, b in zip(self.ids, new)]
             valid = [self._valid(i, t) for i, t in enumerate(texts)]
-            feats = self._features([[L[i] - 1 + k if k < n[i] else -1 for k in range(S)] for i in range(B)], valid)  # pads: 0
+            parents = [[L[i] - 1 + k if k < n[i] else -1 for k in range(S)] for i in range(B)]  # pads: no parent
+            feats = self._features(parents, valid)  # (B, S, D)
         logits = self._run(x, n, keep, "seq", feats, **kw)  # (B, keep, V)
         for i, b in enumerate(new):
             if valid is not None and self._beams is None and b and self._exact[i] == L[i] \
@@ -465,7 +459,8 @@ class Session:
                 layer.values = layer.values.gather(2, idx.expand(-1, layer.values.shape[1], -1,
                                                                  layer.values.shape[-1]))  # (B, H, C', D)
         if self.feats is not None:
-            self.feats = self.feats.gather(1, src.to(self.feats.device)[:, :, None].expand(-1, -1, self.feats.shape[-1]))
+            idx = src.to(self.feats.device)[:, :, None]  # (B, C', 1)
+            self.feats = self.feats.gather(1, idx.expand(-1, -1, self.feats.shape[-1]))  # (B, C', D)
 
     def _check_surgery(self, what: str) -> None:
         if self._surgery_error:

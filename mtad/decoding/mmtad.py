@@ -40,6 +40,17 @@ def verify_tree(target: Session, batch, trees: list) -> list[tuple]:
     return [(p[b, keep - n - 1:], chain, idx, offset) for b, (n, chain, idx, offset) in enumerate(out)]
 
 
+def accept_tree(tree: BeamTree, p: torch.Tensor, offset: list[int], cfg) -> tuple[int, list[int]]:
+    """ALGORITHMS.md §6 step 3 on one row's tree and its p̃ rows (1 + N, V): the accepted depth a and the node
+    indices of its path (depth 1..a)."""
+    K = len(tree.tokens)
+    rows = [torch.zeros_like(tree.tokens[0])] + [1 + offset[d - 1] + tree.parents[d] for d in range(1, K)]
+    lp = path_logprobs(tree, [p[r, t].log() for r, t in zip(rows, tree.tokens)])
+    lq = path_logprobs(tree, [q.log() for q in tree.q_tok])
+    a, i = mmtad_accept(lp, lq, cfg.tau, cfg.reference)
+    return a, tree.path(a, i) if a else []
+
+
 @register("mmtad", draft=True, tree=("target", "draft"),
           reads=lambda cfg: ("beam_width", "replacement", "tau", "reference"))
 def mmtad(models, batch, cfg, rng) -> None:
@@ -52,17 +63,13 @@ def mmtad(models, batch, cfg, rng) -> None:
             step, draft_idx = tree_step(draft, batch.filt)
             trees = [t.prefix(k) for t, k in zip(beam_sample(q1, step, k_max, cfg.beam_width, cfg.replacement, rng), K)]
         t_keep, t_ids, d_keep, d_ids, blocks, nxt = [], [], [], [], [], []
-        for b, (run, tree, (p, chain, node_idx, offset)) in enumerate(zip(runs, trees, verify_tree(target, batch, trees))):
-            a, i = 0, -1
+        for b, (run, tree, scored) in enumerate(zip(runs, trees, verify_tree(target, batch, trees))):
+            p, chain, node_idx, offset = scored
+            a, idx = accept_tree(tree, p, offset, cfg) if K[b] else (0, [])
             if K[b]:
-                rows = [torch.zeros_like(tree.tokens[0])] + [1 + offset[d - 1] + tree.parents[d] for d in range(1, K[b])]
-                lp = path_logprobs(tree, [p[r, t].log() for r, t in zip(rows, tree.tokens)])
-                lq = path_logprobs(tree, [q.log() for q in tree.q_tok])
-                a, i = mmtad_accept(lp, lq, cfg.tau, cfg.reference)
                 run.stats.record(K[b], a)
-            idx = tree.path(a, i) if a else []
             x = [int(tree.tokens[d][j]) for d, j in enumerate(idx)]
-            nxt.append(p[1 + offset[a - 1] + i] if a else p[0])
+            nxt.append(p[1 + offset[a - 1] + idx[-1]] if a else p[0])
             t_keep.append(chain + [node_idx[d][j] for d, j in enumerate(idx)])
             t_ids.append(run.tokens[len(target.ids[b]):] + x)
             fed = min(a, k_max - 1)  # the draft never fed the deepest nodes

@@ -131,7 +131,8 @@ def test_rows_stop_at_different_steps(arch):
 
 @pytest.mark.parametrize("B", SIZES)
 @pytest.mark.parametrize("arch,dec", [(a, d) for a in ARCHS for d in DECODERS]
-                         + [("llama-feature", d) for d in FEATURE_DECODERS], ids=lambda v: v if isinstance(v, str) else ids(v))
+                         + [("llama-feature", d) for d in FEATURE_DECODERS],
+                         ids=lambda v: v if isinstance(v, str) else ids(v))
 def test_each_row_equals_its_own_greedy_run(arch, B, dec):
     """At T = 0 row b of a batch of B equals the one-prompt greedy decode of prompt b (tokens, stop reason),
     and the one-prompt decode of the same decoder in its target forwards and per-iteration acceptance."""
