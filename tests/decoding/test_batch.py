@@ -155,6 +155,43 @@ def test_tensor_prompts_and_finished_rows_leave_the_batch():
     assert sum(r.wall_time_s for r in got) > 0
 
 
+def top_draw(probs, rng, n=1, replacement=True):
+    """A deterministic stand-in for every draw: the n most likely indices (ties to the lower index)."""
+    return probs.argsort(dim=-1, descending=True, stable=True)[..., :n]
+
+
+@pytest.mark.parametrize("B", [2, 5])
+@pytest.mark.parametrize("dec", [("mtad", {"replacement": False}), ("mmtad", {"replacement": False}),
+                                 ("mtjd", {"mode": "beam", "replacement": False})], ids=ids)
+def test_rows_with_different_beam_counts_equal_their_one_prompt_runs(B, dec, monkeypatch):
+    """Without replacement a row keeps as many beams as its filtered support allows, so rows of a batch keep
+    different numbers (guarded below). At T = 1 with top_p = 0.5 and every draw made deterministic (the most
+    likely entries), each row equals its one-prompt decode: tokens, target forwards and acceptance."""
+    import mtad.decoding.beam as beam_mod
+    import mtad.decoding.core as core_mod
+    import mtad.decoding.mmtad as mmtad_mod
+    import mtad.decoding.mtad as mtad_d
+
+    for mod in (beam_mod, core_mod, mmtad_mod, mtad_d):
+        monkeypatch.setattr(mod, "draw", top_draw)
+    widths, orig = [], beam_mod._draw_rows
+
+    def record(*a):
+        idx, w = orig(*a)
+        widths.append(w)
+        return idx, w
+
+    monkeypatch.setattr(beam_mod, "_draw_rows", record)
+    c = dict(cfg("llama", *dec), temperature=1.0, top_k=0, top_p=0.5, beam_width=4)
+    alone = [one("llama", c, p) for p in PROMPTS[:B]]
+    widths.clear()
+    got = rows("llama", c, PROMPTS[:B])
+    assert any(len(set(w)) > 1 for w in widths), "every step kept equal beam counts: the test proves nothing"
+    for r, a in zip(got, alone):
+        assert (r.tokens, r.stop_reason, r.target_forwards, r.accepted) == \
+            (a.tokens, a.stop_reason, a.target_forwards, a.accepted)
+
+
 def test_feature_rows_accept_and_a_feature_bug_breaks_them(monkeypatch):
     """Guard and control for the feature-draft rows above: the feature draft accepts some tokens and rejects
     others, and with each row handed another row's features (a batching bug) or no features at all some row of a
