@@ -162,31 +162,41 @@ def top_draw(probs, rng, n=1, replacement=True):
 
 @pytest.mark.parametrize("B", [2, 5])
 @pytest.mark.parametrize("dec", [("mtad", {"replacement": False}), ("mmtad", {"replacement": False}),
-                                 ("mtjd", {"mode": "beam", "replacement": False})], ids=ids)
-def test_rows_with_different_beam_counts_equal_their_one_prompt_runs(B, dec, monkeypatch):
-    """Without replacement a row keeps as many beams as its filtered support allows, so rows of a batch keep
-    different numbers (guarded below). At T = 1 with top_p = 0.5 and every draw made deterministic (the most
-    likely entries), each row equals its one-prompt decode: tokens, target forwards and acceptance."""
+                                 ("mtjd", {"mode": "beam", "replacement": False}), ("mtjd", {"mode": "exhaustive"}),
+                                 ("specinfer", {})], ids=ids)
+def test_ragged_rows_equal_their_one_prompt_runs(B, dec, monkeypatch):
+    """Rows whose beams or trees differ in size: without replacement a row keeps as many beams as its filtered
+    support allows, and an exhaustive tree holds a row's whole support, so rows of a batch hold different numbers
+    of beams or tree nodes in one pass (guarded below). At T = 1 with top_p = 0.5 and every draw and uniform made
+    deterministic (the most likely entries; u = 0.5), each row equals its one-prompt decode: tokens, stop
+    reason, target forwards and acceptance."""
     import mtad.decoding.beam as beam_mod
     import mtad.decoding.core as core_mod
     import mtad.decoding.mmtad as mmtad_mod
     import mtad.decoding.mtad as mtad_d
+    import mtad.decoding.specinfer as specinfer_mod
 
-    for mod in (beam_mod, core_mod, mmtad_mod, mtad_d):
+    for mod in (beam_mod, core_mod, mmtad_mod, mtad_d, specinfer_mod):
         monkeypatch.setattr(mod, "draw", top_draw)
-    widths, orig = [], beam_mod._draw_rows
+    monkeypatch.setattr(specinfer_mod, "uniform", lambda n, rng: torch.full((n,), 0.5))
+    ragged, draw_rows, forward_tree = [], beam_mod._draw_rows, Session.forward_tree
 
-    def record(*a):
-        idx, w = orig(*a)
-        widths.append(w)
+    def record_widths(*a):
+        idx, w = draw_rows(*a)
+        ragged.append(len(set(w)) > 1)
         return idx, w
 
-    monkeypatch.setattr(beam_mod, "_draw_rows", record)
-    c = dict(cfg("llama", *dec), temperature=1.0, top_k=0, top_p=0.5, beam_width=4)
+    def record_nodes(self, tokens, *a, **kw):
+        ragged.append(len({len(t) for t in tokens}) > 1)
+        return forward_tree(self, tokens, *a, **kw)
+
+    monkeypatch.setattr(beam_mod, "_draw_rows", record_widths)
+    monkeypatch.setattr(Session, "forward_tree", record_nodes)
+    c = dict(cfg("llama", *dec), temperature=1.0, top_k=0, top_p=0.5, beam_width=4, k_config=[2, 2, 1])
     alone = [one("llama", c, p) for p in PROMPTS[:B]]
-    widths.clear()
+    ragged.clear()
     got = rows("llama", c, PROMPTS[:B])
-    assert any(len(set(w)) > 1 for w in widths), "every step kept equal beam counts: the test proves nothing"
+    assert any(ragged), "every pass held equal rows: the test proves nothing"
     for r, a in zip(got, alone):
         assert (r.tokens, r.stop_reason, r.target_forwards, r.accepted) == \
             (a.tokens, a.stop_reason, a.target_forwards, a.accepted)
