@@ -14,7 +14,8 @@ timings of the same pair (:func:`mtad.measure.costmodel.measure_batch`, B = 1, 2
 and predicts each cell's tokens/s from its measured block efficiency, and the batch width at which speculation
 stops paying (:func:`mtad.measure.costmodel.speculation_stops_paying`).
 
-A feature draft decodes one prompt at a time, so the default pair is ``smollm2_bf16`` (token draft).
+The published table ran on ``smollm2_bf16`` (token draft), the default here; every decoder and draft now takes a
+batch, so ``model=smollm2`` (its feature draft) runs too.
 Writes ``results/published/batch_bench.json`` (``--out``) and a figure beside it (``.png``).
 """
 from __future__ import annotations

@@ -79,10 +79,10 @@ class Tree:
         self.P = len(linear)
 
     def add(self, tokens: list[int], parents: list[int]) -> dict[int, torch.Tensor]:
-        start = len(self.s)
+        start = self.s.size(0)  # a session of one row
         for i, (t, par) in enumerate(zip(tokens, parents)):
             self.paths[start + i] = (self.paths[par] if par >= self.P else []) + [t]
-        logits = self.s.forward_tree(tokens, parents)  # (S, V)
+        logits = self.s.forward_tree([tokens], [parents])[0]  # (S, V)
         return {start + i: logits[i] for i in range(len(tokens))}
 
 

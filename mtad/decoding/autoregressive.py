@@ -4,7 +4,7 @@ from __future__ import annotations
 from mtad.decoding.core import register
 
 
-@register("greedy", batches=True)
+@register("greedy")
 def greedy(models, batch, cfg, rng) -> None:
     """x_{t+1} = argmax p(·|x_{<=t}), each row its own; ignores T/top_k/top_p."""
     for target, runs in batch.steps(models):
@@ -12,7 +12,7 @@ def greedy(models, batch, cfg, rng) -> None:
         batch.commit(runs, logits.argmax(-1)[:, None].tolist())
 
 
-@register("sampling", batches=True)
+@register("sampling")
 def sampling(models, batch, cfg, rng) -> None:
     """x_{t+1} ~ p̃(·|x_{<=t}), the filtered target (the stochastic baseline), each row its own draw."""
     for target, runs in batch.steps(models):

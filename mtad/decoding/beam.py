@@ -1,5 +1,6 @@
 """Beam sampling (ALGORITHMS.md §5 step 1), shared by ``mtad`` (draft, beams in the batch dimension),
-``mmtad`` (draft, beams as a token tree) and ``mtjd mode=beam`` (the target as proposer).
+``mmtad`` (draft, beams as a token tree) and ``mtjd mode=beam`` (the target as proposer); and the level-by-level
+feeding of the token trees of ``specinfer`` and ``mtjd mode=exhaustive`` (:func:`feed_level`).
 
 Weights: step 1 ``w_b ∝ q̃(token_b)``; step s >= 2 scores every (beam b, token v) by ``w_b · q̃(v|b)``,
 draws W pairs proportionally (with or without replacement) and renormalises the drawn scores by their sum.
@@ -13,16 +14,17 @@ from typing import Callable, Optional
 import torch
 
 from mtad.decoding.filter import draw
-from mtad.decoding.kv import One, Rows
+from mtad.decoding.kv import Session
 
-# step(parent, tokens) feeds the newest beam tokens (W,) and returns the proposer's filtered
-# distributions for their next token (W, V); parent (W,) indexes the previous step's beams, None at depth 1.
-Step = Callable[[Optional[torch.Tensor], torch.Tensor], torch.Tensor]
+# step(parent, tokens, w) feeds the newest beam tokens (B, W_s) (row b's first w[b] real) and returns the
+# proposer's filtered distributions for their next token (B, W_s, V); parent (B, W_s) indexes the previous step's
+# beams of the same row, None at depth 1.
+Step = Callable[[Optional[torch.Tensor], torch.Tensor, list[int]], torch.Tensor]
 
 
 @dataclass
 class BeamTree:
-    """Every node drawn during beam sampling, per depth d = 1..K (list index d-1)."""
+    """Every node drawn during beam sampling for one row, per depth d = 1..K (list index d-1)."""
 
     tokens: list[torch.Tensor]  # (W_d,)
     parents: list[Optional[torch.Tensor]]  # (W_d,) index into depth d-1; None at depth 1
@@ -43,80 +45,140 @@ class BeamTree:
     def gather(self, idx: list[int], values: list[torch.Tensor]) -> list:
         return [values[d][i].item() for d, i in enumerate(idx)]
 
-    def row(self, b: int) -> "BeamTree":
-        """Row b's tree of a batched draw (:func:`beam_sample` with q1 (B, V))."""
-        return BeamTree([t[b] for t in self.tokens], [None if p is None else p[b] for p in self.parents],
-                        [q[b] for q in self.q_tok], self.weight[b])
+    def prefix(self, depth: int) -> "BeamTree":
+        """The first ``depth`` levels (a row whose block is shortened verifies a prefix of the deeper draw)."""
+        return BeamTree(self.tokens[:depth], self.parents[:depth], self.q_tok[:depth], self.weight)
 
 
-def _draw_n(probs: torch.Tensor, W: int, replacement: bool, rng: torch.Generator) -> torch.Tensor:
-    n = W if replacement else min(W, int((probs > 0).sum()))
-    return draw(probs, rng, n, replacement)  # on probs' device: the decode device
+def _draw_rows(probs: torch.Tensor, W: int, replacement: bool, rng: torch.Generator) -> tuple[torch.Tensor, list[int]]:
+    """W draws per row of probs (B, N) (on probs' device: the decode device): (B, W') indices and each row's
+    count. Without replacement a row with fewer than W non-zero entries draws them all (fewer beams), its
+    indices padded to the widest row's W' with 0."""
+    if replacement:
+        return draw(probs, rng, W, True), [W] * probs.shape[0]
+    w = [min(W, int((row > 0).sum())) for row in probs]
+    idx = torch.zeros(probs.shape[0], max(w), dtype=torch.long, device=probs.device)  # (B, W')
+    for b, row in enumerate(probs):  # one draw per row: a batch of one draws as one prompt always did
+        idx[b, :w[b]] = draw(row, rng, w[b], False)
+    return idx, w
+
+
+def _pad(x: torch.Tensor, w: list[int]) -> torch.Tensor:
+    """x (B, W') with row b's entries past w[b] set to 0 (beams a row does not have weigh nothing)."""
+    if min(w) == x.shape[-1]:
+        return x
+    return x * (torch.arange(x.shape[-1], device=x.device)[None, :] < torch.tensor(w, device=x.device)[:, None])
 
 
 def beam_sample(q1: torch.Tensor, step: Step, K: int, W: int, replacement: bool,
-                rng: torch.Generator) -> BeamTree:
-    """Draw the beam tree: q1 (V,) is the proposer's filtered distribution at the prefix; with q1 (B, V),
-    B independent trees at once (a leading row dimension on every tensor; with replacement only)."""
-    tok = _draw_n(q1, W, replacement, rng)  # (..., W)
-    q_tok = q1.gather(-1, tok)
-    tokens, parents, q_toks, weight = [tok], [None], [q_tok], q_tok / q_tok.sum(-1, keepdim=True)
+                rng: torch.Generator) -> list[BeamTree]:
+    """Draw one beam tree per row: q1 (B, V) is the proposer's filtered distribution at each row's prefix;
+    every step draws for all rows at once (with replacement: one draw of (B, W); without: one per row)."""
+    tok, w = _draw_rows(q1, W, replacement, rng)  # (B, W')
+    q_tok = _pad(q1.gather(-1, tok), w)
+    tokens, parents, q_toks, widths = [tok], [None], [q_tok], [w]
+    weight = q_tok / q_tok.sum(-1, keepdim=True)  # (B, W')
     for _ in range(1, K):
-        q = step(parents[-1], tokens[-1])  # (..., W, V)
-        scores = weight[..., None] * q  # (..., W, V)
-        flat = scores.flatten(-2)  # (..., W*V)
-        idx = _draw_n(flat, W, replacement, rng)  # (..., W)
+        q = step(parents[-1], tokens[-1], w)  # (B, W', V)
+        scores = weight[..., None] * q  # (B, W', V)
+        flat = scores.flatten(-2)  # (B, W'*V)
+        idx, w = _draw_rows(flat, W, replacement, rng)  # (B, W'')
         parent, tok = idx // q.shape[-1], idx % q.shape[-1]
         tokens.append(tok)
         parents.append(parent)
-        q_toks.append(q.flatten(-2).gather(-1, idx))
-        drawn = flat.gather(-1, idx)
+        q_toks.append(_pad(q.flatten(-2).gather(-1, idx), w))
+        widths.append(w)
+        drawn = _pad(flat.gather(-1, idx), w)
         weight = drawn / drawn.sum(-1, keepdim=True)
-    return BeamTree(tokens, parents, q_toks, weight)
+    return [BeamTree([t[b, :ws[b]] for t, ws in zip(tokens, widths)],
+                     [None if p is None else p[b, :ws[b]] for p, ws in zip(parents, widths)],
+                     [q[b, :ws[b]] for q, ws in zip(q_toks, widths)], weight[b, :w[b]])
+            for b in range(q1.shape[0])]
 
 
-def tree_step(session, filt: Callable[[torch.Tensor], torch.Tensor], root: int) -> tuple[Step, list]:
-    """Beams live as tree nodes of one cache (``mmtad``): each step's W nodes go in one forward with a
-    tree mask. Returns the step and the list of cache indices per depth that it fills in."""
-    cache_idx: list[list[int]] = []
-
-    def step(parent, tokens):
-        parents = [root] * len(tokens) if parent is None else [cache_idx[-1][int(b)] for b in parent]
-        start = len(session)
-        cache_idx.append(list(range(start, start + len(tokens))))
-        return filt(session.forward_tree(tokens.tolist(), parents))  # (W, V)
-
-    return step, cache_idx
+def _left(x: torch.Tensor, w: list[int]) -> torch.Tensor:
+    """Row b's last w[b] entries of x (B, S, ...) moved to its front, the rest zero: (B, max w, ...)."""
+    if min(w) == x.shape[1]:
+        return x
+    out = x.new_zeros(x.shape[0], max(w), *x.shape[2:])
+    for b, n in enumerate(w):
+        out[b, :n] = x[b, x.shape[1] - n:]
+    return out
 
 
-def rows_step(session: Rows | One, filt: Callable[[torch.Tensor], torch.Tensor], B: int, W: int) -> Step:
-    """Beams of B rows in the cache's batch dimension, W per row: parent (B, W_s) indexes the previous step's
-    beams. A batch of one may keep fewer beams (without replacement): W_s = tokens.shape[-1]."""
+def tree_step(session: Session, filt: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Step, list]:
+    """Beams live as tree nodes of one cache per row (``mmtad``): each step's nodes of every row go in one
+    forward with a tree mask. Returns the step and the node indices it fills in, per row and depth."""
+    B = len(session.ids)
+    node_idx: list[list[list[int]]] = [[] for _ in range(B)]
 
-    def step(parent, tokens):
+    def step(parent, tokens, w):
+        parents = [[len(session.ids[b]) - 1] * w[b] if parent is None else
+                   [node_idx[b][-1][int(j)] for j in parent[b, :w[b]]] for b in range(B)]
+        for b in range(B):
+            start = session.size(b)
+            node_idx[b].append(list(range(start, start + w[b])))
+        logits = session.forward_tree([tokens[b, :w[b]].tolist() for b in range(B)], parents)  # (B, S, V)
+        return filt(_left(logits, w))  # (B, max w, V)
+
+    return step, node_idx
+
+
+def feed_level(session: Session, filt: Callable[[torch.Tensor], torch.Tensor], rows: list[int], tokens: list,
+               parents: list, prev: list[list[int]], node_idx: list[list[list[int]]]) -> dict[int, torch.Tensor]:
+    """Feed the newest level of the token trees of ``rows`` in one tree pass (``specinfer``'s draft tree,
+    ``mtjd``'s exhaustive tree): row b's nodes ``tokens[b][-1]`` (N_b,) hang off its previous level, whose indices
+    are ``prev[b]``, at ``parents[b][-1]`` (N_b,). Records the new nodes' indices in ``prev`` and ``node_idx``;
+    returns each row's filtered distributions of their children (N_b, V)."""
+    B = len(tokens)
+    feed = [tokens[b][-1].tolist() if b in rows else [] for b in range(B)]
+    up = [[prev[b][int(j)] for j in parents[b][-1]] if b in rows else [] for b in range(B)]
+    start = [session.size(b) for b in range(B)]
+    out = session.forward_tree(feed, up)  # (B, S, V): row b's last len(feed[b])
+    for b in rows:
+        prev[b] = list(range(start[b], start[b] + len(feed[b])))
+        node_idx[b].append(prev[b])
+    return {b: filt(out[b, out.shape[1] - len(feed[b]):]) for b in rows}
+
+
+def rows_step(session: Session, filt: Callable[[torch.Tensor], torch.Tensor]) -> Step:
+    """Beams in the cache's batch dimension, row b's w[b] beams consecutive: parent (B, W_s) indexes the previous
+    step's beams of the same row."""
+    widths: list[int] = []
+
+    def step(parent, tokens, w):
         if parent is None:
-            session.expand(tokens.shape[-1])
+            session.expand(w)
         else:
-            session.select((parent + W * torch.arange(B, device=parent.device)[:, None]).flatten().cpu())
-        return filt(session.forward_beams(tokens.flatten())).view(B, tokens.shape[-1], -1)  # (B, W_s, V)
+            start = [sum(widths[:b]) for b in range(len(w))]
+            session.select(torch.cat([parent[b, :n].cpu() + start[b] for b, n in enumerate(w)]))
+        widths[:] = w
+        flat = torch.cat([tokens[b, :n] for b, n in enumerate(w)]) if min(w) < tokens.shape[1] else tokens.flatten()
+        q = filt(session.forward_beams(flat))  # (sum w, V)
+        if min(w) == max(w):
+            return q.view(len(w), w[0], -1)  # (B, W_s, V)
+        out = q.new_zeros(len(w), max(w), q.shape[-1])  # (B, max w, V)
+        for b, n in enumerate(w):
+            out[b, :n] = q[sum(w[:b]):sum(w[:b]) + n]
+        return out
 
     return step
 
 
-def beam_rows(proposer: Rows | One, batch, K: list[int], rng) -> tuple[list[list[int]], torch.Tensor]:
-    """Beam-sample max(K) tokens per row, W beams each in the cache's batch dimension (one forward per depth for
-    all rows); row b keeps the first K[b] tokens of its highest-weight beam. Returns them and the proposer's q̃
-    of those tokens (B, max K). The proposer's cache ends holding each best beam's first max(K)-1 tokens.
-    Without replacement (a batch of one only) a step may keep fewer beams. **[choice]** a row whose block is
-    shortened near max_new_tokens takes a prefix of the deeper draw."""
+def beam_rows(proposer: Session, batch, K: list[int], rng) -> tuple[list[list[int]], torch.Tensor]:
+    """Beam-sample max(K) tokens per row, W beams each (or fewer, without replacement) in the cache's batch
+    dimension (one forward per depth for all rows); row b keeps the first K[b] tokens of its highest-weight
+    beam. Returns them and the proposer's q̃ of those tokens (B, max K). The proposer's cache ends holding each
+    best beam's first max(K)-1 tokens. **[choice]** a row whose block is shortened near max_new_tokens takes a
+    prefix of the deeper draw."""
     q1 = batch.filt(proposer.forward(batch.pending(proposer))[:, -1])  # (B, V)
-    B, W, k_max = q1.shape[0], batch.cfg.beam_width, max(K)
-    tree = beam_sample(q1, rows_step(proposer, batch.filt, B, W), k_max, W, batch.cfg.replacement, rng)
-    trees = [tree.row(b) for b in range(B)]
+    k_max = max(K)
+    trees = beam_sample(q1, rows_step(proposer, batch.filt), k_max, batch.cfg.beam_width, batch.cfg.replacement, rng)
     best = [t.best() for t in trees]
     full = [[int(v) for v in t.gather(idx, t.tokens)] for t, idx in zip(trees, best)]  # (B, max K)
     if k_max > 1:
-        proposer.keep_beams([b * W + idx[-2] for b, idx in enumerate(best)], [xb[:-1] for xb in full])
+        fed = [len(t.tokens[-2]) for t in trees]  # beams per row in the last fed step
+        proposer.keep_beams([sum(fed[:b]) + idx[-2] for b, idx in enumerate(best)])
     x = [xb[:k] for xb, k in zip(full, K)]
     q_x = torch.tensor([t.gather(idx, t.q_tok) for t, idx in zip(trees, best)], device=batch.device)  # (B, max K)
     return x, q_x

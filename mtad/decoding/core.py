@@ -7,7 +7,7 @@ timing and the result record, so no decoder repeats them.
 
 **Device rule.** One ``generate`` call has one *decode device*: the device of its generator ``rng``
 (default: the target's first parameter's device). Every Session of the call returns its logits there
-(:meth:`Run.session`), whichever GPU the model's last layer is on, so every probability, index, uniform and
+(:meth:`Batch.session`), whichever GPU the model's last layer is on, so every probability, index, uniform and
 draw that a decoder combines lives on that one device; a decoder creates index tensors with
 ``device=run.device`` and never moves tensors itself. :func:`mtad.decoding.filter.draw` and the rules of
 :mod:`mtad.decoding.accept` refuse operands on other devices with an error naming this rule.
@@ -23,7 +23,7 @@ import torch
 
 from mtad.decoding.config import DecoderConfig
 from mtad.decoding.filter import canonical_device, draw, filter_probs
-from mtad.decoding.kv import One, Rows, Session, Stats, check_tree_support
+from mtad.decoding.kv import Session, Stats, check_tree_support
 from mtad.decoding.propose import PROPOSERS
 from mtad.decoding.result import DecodeResult
 
@@ -37,24 +37,19 @@ CHECKS: dict[str, Callable[..., None]] = {}  # decoder -> check(models, cfg) run
 READS: dict[str, Callable[[DecoderConfig], tuple[str, ...]]] = {}  # decoder -> the config keys it reads, for cfg
 # every decoder reads these (greedy ignores the filter, ALGORITHMS.md §1), so a row may always record them as set
 SHARED_KEYS = ("name", "max_new_tokens", "temperature", "top_k", "top_p", "gamma", "eos_token_id")
-BATCHES: dict[str, Callable[..., None] | None] = {}  # decoder that takes > 1 prompt -> its check(cfg) (or None)
 
 
 def register(name: str, draft: bool = False, tree: tuple[str, ...] = (), check: Callable[..., None] | None = None,
-             reads: Callable[[DecoderConfig], tuple[str, ...]] = lambda cfg: (), batches: bool = False,
-             batch_check: Callable[..., None] | None = None):
+             reads: Callable[[DecoderConfig], tuple[str, ...]] = lambda cfg: ()):
     """Register the decoder ``fn(models, batch, cfg, rng)`` under ``name`` (the stable ``decoder.name`` key of
     results): its one loop over the rows of a :class:`Batch`, a batch of one being the one-prompt call.
     ``check(models, cfg)`` refuses a call the decoder cannot serve before any work, so the core never names a
     decoder; ``reads(cfg)`` names the config keys beyond :data:`SHARED_KEYS` that it reads with ``cfg``
-    (:func:`unread_keys`); ``batches``: it takes more than one prompt, except what ``batch_check(cfg)`` refuses
-    (decoders without it decode a batch of one, :attr:`Batch.one`)."""
+    (:func:`unread_keys`)."""
 
     def wrap(fn: Decoder) -> Decoder:
         DECODERS[name] = fn
         READS[name] = reads
-        if batches:
-            BATCHES[name] = batch_check
         if draft:
             NEEDS_DRAFT.add(name)
         if tree:
@@ -110,10 +105,6 @@ class Run:
         self.stop_reason: str | None = None
         self.stats = Stats()
 
-    def session(self, model, role: str) -> Session:
-        """``model``'s cache for this call; its logits come back on the decode device."""
-        return Session(model, self.stats, role, out_device=self.device)
-
     @property
     def remaining(self) -> int:
         return self.cfg.max_new_tokens - (len(self.tokens) - self.prompt_len)
@@ -125,11 +116,6 @@ class Run:
     def filt(self, logits: torch.Tensor) -> torch.Tensor:
         c = self.cfg
         return filter_probs(logits, c.temperature, c.top_k, c.top_p)
-
-    def pending(self, session: Session) -> list[int]:
-        """Roll ``session`` back to the committed text and return the tokens it has not seen yet."""
-        session.sync(self.tokens)
-        return self.tokens[len(session.ids):]
 
     def commit(self, ids: Sequence[int]) -> None:
         ids = [int(t) for t in ids][: self.remaining]
@@ -144,11 +130,11 @@ class Run:
 
 class Batch:
     """The prompts of one call, decoded together: one :class:`Run` per row (its own tokens, stop rule and stats).
-    Every decoder loops over a Batch; one prompt is a batch of one. Caches: :class:`mtad.decoding.kv.Rows` for
-    several rows, :class:`mtad.decoding.kv.One` (the one-prompt Session, with Rows' interface) for one, so that a
-    batch of one decodes exactly as a single prompt always has. Each iteration first drops the rows that
-    stopped from every session (:meth:`active`), so a finished row costs nothing more; rows never wait for each
-    other. Randomness: one generator, and every draw and uniform has a row dimension (B, ...), so rows are
+    Every decoder loops over a Batch; one prompt is a batch of one. Each model has one
+    :class:`mtad.decoding.kv.Session` over the rows (:meth:`session`); a batch of one has no padding, so it decodes
+    exactly as a single prompt always has. Each iteration first drops the rows that stopped from every session
+    (:meth:`active`), so a finished row costs nothing more; rows never wait for each other. Randomness: one
+    generator, and every draw and uniform has a row dimension (B, ...) or is drawn per row, so rows are
     independent."""
 
     def __init__(self, prompts: list[list[int]], cfg: DecoderConfig, eos: set[int], device="cpu"):
@@ -159,22 +145,14 @@ class Batch:
     def done(self) -> bool:
         return all(r.done for r in self.runs)
 
-    @property
-    def one(self) -> Run:
-        """The only row (decoders that take one prompt at a time; :func:`check_rows` refuses more)."""
-        assert len(self.runs) == 1, "a decoder that takes one prompt at a time got a batch"
-        return self.runs[0]
-
-    def session(self, model, role: str) -> Rows | One:
+    def session(self, model, role: str) -> Session:
         """``model``'s cache for this call's rows; logits come back on the decode device."""
-        if len(self.runs) == 1:
-            return One(self.runs[0].session(model, role))
-        return Rows(model, [r.stats for r in self.runs], role, out_device=self.device)
+        return Session(model, [r.stats for r in self.runs], role, out_device=self.device)
 
     def filt(self, logits: torch.Tensor) -> torch.Tensor:
         return self.runs[0].filt(logits)
 
-    def active(self, *sessions: Rows) -> list[Run]:
+    def active(self, *sessions: Session | None) -> list[Run]:
         """Drop finished rows from ``sessions`` (which hold the same rows); the runs still going, in batch order."""
         keep = [i for i, r in enumerate(sessions[0].row) if not self.runs[r].done]
         for s in sessions:
@@ -182,7 +160,7 @@ class Batch:
                 s.keep(keep)
         return [self.runs[r] for r in sessions[0].row]
 
-    def pending(self, session: Rows) -> list[list[int]]:
+    def pending(self, session: Session) -> list[list[int]]:
         """Roll each row of ``session`` back to its committed text; the tokens it has not seen, per row."""
         return session.sync([self.runs[r].tokens for r in session.row])
 
@@ -197,21 +175,21 @@ class Batch:
         ``(target, draft, runs, K)`` once per iteration, with K[b] the draft depth of row b (``depth`` or gamma)
         shortened so its block and bonus token fit. K[b] = 0 is a plain target step for that row within the same
         forward; a batch of one takes that step here, so a yielded K is >= 1 there. A feature draft
-        (``reads_target_features``, :mod:`mtad.models.feature_draft`) is linked to the target (one row only).
+        (``reads_target_features``, :mod:`mtad.models.feature_draft`) is linked to the target, row by row.
         ``draft`` is None with a proposer that needs no model (``proposer: ngram``)."""
         target = self.session(models.target, "target")
         draft = self.session(models.draft, "draft") if needs_draft(self.cfg) else None
-        if isinstance(draft, One) and getattr(models.draft, "reads_target_features", False):
-            draft.session.link(target.session)
+        if draft is not None and getattr(models.draft, "reads_target_features", False):
+            draft.link(target)
         while not self.done:
             runs = self.active(target, draft)
             K = [max(0, min(depth or self.cfg.gamma, r.remaining - 1)) for r in runs]
-            if isinstance(target, One) and K[0] < 1:  # no block fits: the tail is plain target steps
+            if len(self.runs) == 1 and K[0] < 1:  # no block fits: the tail is plain target steps
                 self.sample_step(target, runs, rng)
                 continue
             yield target, draft, runs, K
 
-    def sample_step(self, target: Rows | One, runs: list[Run], rng: torch.Generator) -> None:
+    def sample_step(self, target: Session, runs: list[Run], rng: torch.Generator) -> None:
         """One plain target step per row: the autoregressive baseline, and the tail of every block decoder."""
         p = self.filt(target.forward(self.pending(target))[:, -1])  # (B, V)
         self.commit(runs, draw(p, rng).tolist())
@@ -279,21 +257,6 @@ def _sync_cuda(models) -> None:
                 return
 
 
-def check_rows(models, cfg: DecoderConfig, n: int) -> None:
-    """Refuse a batch of ``n`` > 1 prompts that ``cfg`` cannot decode together (``models`` None: the config
-    alone, as the runner checks before loading anything)."""
-    if n <= 1:
-        return
-    if cfg.name not in BATCHES:
-        raise ValueError(f"decoder '{cfg.name}' decodes one prompt at a time, got a batch of {n}: use batch size 1 "
-                         f"(task.batch_size=1) or a decoder that batches: {sorted(BATCHES)}")
-    if BATCHES[cfg.name] is not None:
-        BATCHES[cfg.name](cfg)
-    if models is not None and needs_draft(cfg) and getattr(models.draft, "reads_target_features", False):
-        raise ValueError(f"a feature draft decodes one prompt at a time, got a batch of {n}: use batch size 1 "
-                         "(task.batch_size=1), a token draft, or proposer=ngram")
-
-
 def is_batch(prompt_ids) -> bool:
     """A list of prompts (lists or 1-D tensors) or a (B, T) tensor with B > 1; anything else is one prompt."""
     if isinstance(prompt_ids, torch.Tensor):
@@ -310,7 +273,6 @@ def generate_rows(models, prompts: list, cfg: DecoderConfig, rng: torch.Generato
     prompts = [torch.as_tensor(p).flatten().tolist() for p in prompts]
     for p in prompts:
         check(models, p, cfg)
-    check_rows(models, cfg, len(prompts))
     rng = rng if rng is not None else _default_rng(models)
     batch = Batch(prompts, cfg, _eos_ids(models, cfg), rng.device)
     wall, cpu = _timed(models, lambda: DECODERS[cfg.name](models, batch, cfg, rng))

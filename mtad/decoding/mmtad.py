@@ -18,45 +18,66 @@ def path_logprobs(tree: BeamTree, tok_logp: list[torch.Tensor]) -> list[torch.Te
     return out
 
 
-def verify_tree(target: Session, run, tree: BeamTree):
-    """Score every node of the tree in one target pass (pending tokens travel as a chain in front).
-    Returns p̃ rows (1 + N, V) — row 0 at the prefix, row 1 + offset[d] + i at node i of depth d+1 —
-    the cache indices of the pending chain, the nodes' cache indices per depth, and the offsets."""
-    pending = run.pending(target)
-    P = len(target.ids)
-    chain = list(range(P, P + len(pending)))
-    sizes = [len(t) for t in tree.tokens]
-    offset = [sum(sizes[:d]) for d in range(len(sizes))]
-    base = P + len(pending)
-    parents = [c - 1 for c in chain]
-    for d, par in enumerate(tree.parents):
-        parents += [chain[-1]] * sizes[0] if par is None else [base + offset[d - 1] + int(b) for b in par]
-    tokens = pending + torch.cat(tree.tokens).tolist()
-    p = run.filt(target.forward_tree(tokens, parents, keep=sum(sizes) + 1))  # (1 + N, V)
-    node_idx = [[base + offset[d] + i for i in range(n)] for d, n in enumerate(sizes)]
-    return p, chain, node_idx, offset
+def verify_tree(target: Session, batch, trees: list) -> list[tuple]:
+    """Score every node of every row's tree in one target pass (each row's pending tokens travel as a chain in
+    front; a row may have an empty tree). Per row: p̃ rows (1 + N, V) — row 0 at the prefix, row 1 + offset[d] + i
+    at node i of depth d+1 — the indices of the pending chain, the nodes' indices per depth, and the offsets."""
+    tokens, parents, out = [], [], []
+    for b, (tree, pending) in enumerate(zip(trees, batch.pending(target))):
+        P = len(target.ids[b])
+        chain = list(range(P, P + len(pending)))
+        sizes = [len(t) for t in tree.tokens]
+        offset = [sum(sizes[:d]) for d in range(len(sizes))]
+        base = P + len(pending)
+        par = [c - 1 for c in chain]
+        for d, up in enumerate(tree.parents):
+            par += [chain[-1]] * sizes[0] if up is None else [base + offset[d - 1] + int(j) for j in up]
+        tokens.append(pending + (torch.cat(tree.tokens).tolist() if sizes else []))
+        parents.append(par)
+        out.append((sum(sizes), chain, [[base + offset[d] + i for i in range(n)] for d, n in enumerate(sizes)], offset))
+    keep = max(n for n, *_ in out) + 1
+    p = batch.filt(target.forward_tree(tokens, parents, keep=keep))  # (B, keep, V): row b's last 1 + N_b
+    return [(p[b, keep - n - 1:], chain, idx, offset) for b, (n, chain, idx, offset) in enumerate(out)]
+
+
+def accept_tree(tree: BeamTree, p: torch.Tensor, offset: list[int], cfg) -> tuple[int, list[int]]:
+    """ALGORITHMS.md §6 step 3 on one row's tree and its p̃ rows (1 + N, V): the accepted depth a and the node
+    indices of its path (depth 1..a)."""
+    K = len(tree.tokens)
+    rows = [torch.zeros_like(tree.tokens[0])] + [1 + offset[d - 1] + tree.parents[d] for d in range(1, K)]
+    lp = path_logprobs(tree, [p[r, t].log() for r, t in zip(rows, tree.tokens)])
+    lq = path_logprobs(tree, [q.log() for q in tree.q_tok])
+    a, i = mmtad_accept(lp, lq, cfg.tau, cfg.reference)
+    return a, tree.path(a, i) if a else []
 
 
 @register("mmtad", draft=True, tree=("target", "draft"),
           reads=lambda cfg: ("beam_width", "replacement", "tau", "reference"))
 def mmtad(models, batch, cfg, rng) -> None:
-    """draft (beam tree, one draft cache) -> score (one target pass over all W·K nodes) ->
-    accept (deepest depth with a node passing log p̃(path) - R_d > log tau) -> commit its path + bonus."""
+    """draft (a beam tree per row, one draft cache) -> score (one target pass over every row's W·K nodes) ->
+    accept (per row the deepest depth with a node passing log p̃(path) - R_d > log tau) -> commit its path + bonus."""
     for target, draft, runs, K in batch.blocks(models, rng):
-        run, target, draft, K = runs[0], target.session, draft.session, K[0]  # one prompt at a time
-        q1 = run.filt(draft.forward(run.pending(draft))[-1])  # (V,)
-        step, draft_idx = tree_step(draft, run.filt, root=len(draft.ids) - 1)
-        tree = beam_sample(q1, step, K, cfg.beam_width, cfg.replacement, rng)
-        p, chain, node_idx, offset = verify_tree(target, run, tree)
-        rows = [torch.zeros_like(tree.tokens[0])] + [1 + offset[d - 1] + tree.parents[d] for d in range(1, K)]
-        lp = path_logprobs(tree, [p[r, t].log() for r, t in zip(rows, tree.tokens)])
-        lq = path_logprobs(tree, [q.log() for q in tree.q_tok])
-        a, i = mmtad_accept(lp, lq, cfg.tau, cfg.reference)
-        run.stats.record(K, a)
-        idx = tree.path(a, i) if a else []
-        x = [int(tree.tokens[d][j]) for d, j in enumerate(idx)]
-        bonus = p[1 + offset[a - 1] + i] if a else p[0]
-        target.commit_path(chain + [node_idx[d][j] for d, j in enumerate(idx)], run.tokens[len(target.ids):] + x)
-        fed = min(a, K - 1)  # the draft never fed depth-K nodes
-        draft.commit_path([draft_idx[d][j] for d, j in enumerate(idx[:fed])], x[:fed])
-        run.commit(x + [int(draw(bonus, rng))])
+        k_max, trees, draft_idx = max(K), [BeamTree([], [], [], None) for _ in K], [[] for _ in K]
+        if k_max:
+            q1 = batch.filt(draft.forward(batch.pending(draft))[:, -1])  # (B, V)
+            step, draft_idx = tree_step(draft, batch.filt)
+            trees = [t.prefix(k) for t, k in zip(beam_sample(q1, step, k_max, cfg.beam_width, cfg.replacement, rng), K)]
+        t_keep, t_ids, d_keep, d_ids, blocks, nxt = [], [], [], [], [], []
+        for b, (run, tree, scored) in enumerate(zip(runs, trees, verify_tree(target, batch, trees))):
+            p, chain, node_idx, offset = scored
+            a, idx = accept_tree(tree, p, offset, cfg) if K[b] else (0, [])
+            if K[b]:
+                run.stats.record(K[b], a)
+            x = [int(tree.tokens[d][j]) for d, j in enumerate(idx)]
+            nxt.append(p[1 + offset[a - 1] + idx[-1]] if a else p[0])
+            t_keep.append(chain + [node_idx[d][j] for d, j in enumerate(idx)])
+            t_ids.append(run.tokens[len(target.ids[b]):] + x)
+            fed = min(a, k_max - 1)  # the draft never fed the deepest nodes
+            d_keep.append([draft_idx[b][d][j] for d, j in enumerate(idx[:fed])] if k_max else [])
+            d_ids.append(x[:fed])
+            blocks.append(x)
+        target.commit_path(t_keep, t_ids)
+        if k_max:
+            draft.commit_path(d_keep, d_ids)
+        bonus = draw(torch.stack(nxt), rng).tolist()  # (B, 1)
+        batch.commit(runs, [x + t for x, t in zip(blocks, bonus)])

@@ -23,13 +23,7 @@ def reads(cfg) -> tuple[str, ...]:
     return ("proposer", *JOINT.keys, *PROPOSERS[cfg.proposer].keys, *beam)
 
 
-def _check_rows(cfg) -> None:
-    if not cfg.replacement and PROPOSERS[cfg.proposer].model:
-        raise ValueError("decoder=mtad with replacement=false decodes one prompt at a time (rows may keep different "
-                         "numbers of beams): use batch size 1 or replacement=true")
-
-
-@register("mtad", draft=True, reads=reads, batches=True, batch_check=_check_rows)
+@register("mtad", draft=True, reads=reads)
 def mtad(models, batch, cfg, rng) -> None:
     """draft (beam sampling on q, beams of every row in one draft forward per depth, or the proposer's chain)
     -> score (one target pass for every row) -> accept (each row its longest L_d > log tau) -> commit x̂_1..a +

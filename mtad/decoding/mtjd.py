@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from mtad.decoding.beam import beam_rows
+from mtad.decoding.beam import beam_rows, feed_level
 from mtad.decoding.core import register, vocab_size
 from mtad.decoding.filter import _nucleus_sorted, draw
 from mtad.decoding.kv import Session, check_tree_support
@@ -26,35 +26,42 @@ def check_budget(cfg, V: int) -> None:
             "or use mode=beam")
 
 
-def exhaustive_block(target: Session, run, K: int, rng) -> list[int]:
-    """Enumerate the filtered block tree level by level; return the selected block (K ids)."""
-    p = run.filt(target.forward(run.pending(target))[-1])[None]  # (1, V): the root's p̃
-    tokens, parents, joint, cache_idx = [], [], torch.zeros(1, device=p.device), [len(target.ids) - 1]
-    for d in range(K):
-        if d:  # score the previous level's nodes in one tree pass
-            start = len(target)
-            p = run.filt(target.forward_tree(tokens[-1].tolist(), [cache_idx[int(b)] for b in parents[-1]]))
-            cache_idx = list(range(start, start + len(tokens[-1])))
-        par, tok = p.nonzero(as_tuple=True)  # (N_d,), (N_d,): every child in the filtered support
-        joint = joint[par] + p[par, tok].log()
-        parents.append(par)
-        tokens.append(tok)
-    if run.cfg.select == "argmax":
-        leaf = int(joint.argmax())
-    else:
-        order = joint.argsort(descending=True)
-        kept = _nucleus_sorted(joint[order].exp(), run.cfg.block_top_p)
-        leaf = int(order[int(draw(kept, rng))])
-    path = [leaf]
-    for d in range(K - 1, 0, -1):
-        path.append(int(parents[d][path[-1]]))
-    path = path[::-1]
-    x = [int(tokens[d][i]) for d, i in enumerate(path)]
-    starts = [len(target.ids)]
-    for d in range(1, K - 1):  # cache indices of the path's fed nodes (depths 1..K-1)
-        starts.append(starts[-1] + len(tokens[d - 1]))
-    target.commit_path([starts[d] + path[d] for d in range(K - 1)], x[:-1])
-    return x
+def exhaustive_blocks(target: Session, batch, K: list[int], rng) -> list[list[int]]:
+    """Enumerate every row's filtered block tree level by level (one tree pass per level for all rows, row b
+    down to depth K[b]); return each row's selected block (K[b] ids)."""
+    cfg, B = batch.cfg, len(K)
+    p0 = batch.filt(target.forward(batch.pending(target))[:, -1])  # (B, V): each root's p̃
+    p = {b: p0[b:b + 1] for b in range(B)}  # per row (N_d, V)
+    tokens, parents, node_idx = ([[] for _ in range(B)] for _ in range(3))
+    joint = [torch.zeros(1, device=p0.device) for _ in range(B)]
+    prev = [[len(ids) - 1] for ids in target.ids]
+    for d in range(max(K)):
+        rows = [b for b in range(B) if K[b] > d]
+        if d:  # score the previous level's nodes of every row in one tree pass
+            p.update(feed_level(target, batch.filt, rows, tokens, parents, prev, node_idx))
+        for b in rows:
+            par, tok = p[b].nonzero(as_tuple=True)  # (N_d,), (N_d,): every child in the filtered support
+            joint[b] = joint[b][par] + p[b][par, tok].log()
+            parents[b].append(par)
+            tokens[b].append(tok)
+    blocks, keep, fed = [], [], []
+    for b in range(B):
+        if cfg.select == "argmax":
+            leaf = int(joint[b].argmax())
+        else:
+            order = joint[b].argsort(descending=True)
+            kept = _nucleus_sorted(joint[b][order].exp(), cfg.block_top_p)
+            leaf = int(order[int(draw(kept, rng))])
+        path = [leaf]
+        for d in range(K[b] - 1, 0, -1):
+            path.append(int(parents[b][d][path[-1]]))
+        path = path[::-1]
+        x = [int(tokens[b][d][i]) for d, i in enumerate(path)]
+        keep.append([node_idx[b][d][path[d]] for d in range(K[b] - 1)])  # the path's fed nodes (depths 1..K-1)
+        fed.append(x[:-1])
+        blocks.append(x)
+    target.commit_path(keep, fed)
+    return blocks
 
 
 def check_exhaustive(models, cfg) -> None:
@@ -73,12 +80,11 @@ def reads(cfg) -> tuple[str, ...]:
 
 @register("mtjd", check=check_exhaustive, reads=reads)
 def mtjd(models, batch, cfg, rng) -> None:
-    """Each iteration emits a K-token block chosen from the target's joint block distribution (one prompt)."""
-    run, target = batch.one, batch.session(models.target, "target")
-    while not run.done:
-        K = min(cfg.gamma, run.remaining)
+    """Each iteration emits, per row, a K-token block chosen from the target's joint block distribution."""
+    for target, runs in batch.steps(models):
+        K = [min(cfg.gamma, r.remaining) for r in runs]
         if cfg.mode == "exhaustive":
-            x = exhaustive_block(target.session, run, K, rng)
+            blocks = exhaustive_blocks(target, batch, K, rng)
         else:
-            x = beam_rows(target, batch, [K], rng)[0][0]  # the target as the beams' proposer
-        run.commit(x)
+            blocks = beam_rows(target, batch, K, rng)[0]  # the target as the beams' proposer
+        batch.commit(runs, blocks)

@@ -21,15 +21,11 @@ from mtad.decoding.filter import draw
 from mtad.decoding.ngram import NgramLookup
 
 
-def draft_chain(draft, run, K: int, rng: torch.Generator) -> tuple[list[int], torch.Tensor]:
-    """K tokens x̂_j ~ q̃ autoregressively from one prompt's draft Session (K draft passes); returns them and
-    q̃_1..K (K, V). The verifier study's draw (:mod:`mtad.study.verifiers`); the decoders use :func:`draft_rows`."""
-    ids, x, q = run.pending(draft), [], []
-    for _ in range(K):
-        q.append(run.filt(draft.forward(ids)[-1]))  # (V,)
-        ids = [int(draw(q[-1], rng))]
-        x.append(ids[0])
-    return x, torch.stack(q)  # (K, V)
+def draft_chain(draft, batch, K: int, rng: torch.Generator) -> tuple[list[int], torch.Tensor]:
+    """:func:`draft_rows` for a batch of one: K tokens and q̃_1..K (K, V). The verifier study's draw
+    (:mod:`mtad.study.verifiers`)."""
+    x, q = draft_rows(draft, batch, [K], rng)
+    return x[0], q[0]  # (K, V)
 
 
 def draft_rows(draft, batch, K: list[int], rng: torch.Generator) -> tuple[list[list[int]], torch.Tensor]:

@@ -29,7 +29,7 @@ def reads(cfg) -> tuple[str, ...]:
     return ("accept", "proposer", *RULES[cfg.accept].keys, *PROPOSERS[cfg.proposer].keys)
 
 
-@register("speculative", draft=True, reads=reads, batches=True)
+@register("speculative", draft=True, reads=reads)
 def speculative(models, batch, cfg, rng) -> None:
     """propose (``cfg.proposer``) -> score (one target pass for every row) -> accept (``cfg.accept``, each row
     its own block with its own uniforms) -> commit (each row its own number of tokens)."""

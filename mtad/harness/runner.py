@@ -27,7 +27,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mtad.decoding import DecoderConfig, PromptTooLong, generate
-from mtad.decoding.core import check, check_keys, check_rows
+from mtad.decoding.core import check, check_keys
 from mtad.decoding.propose import PROPOSERS
 from mtad.harness.config import check_run, experiment_name
 from mtad.harness.progress import PromptBar
@@ -132,7 +132,6 @@ class Job:
         if not PROPOSERS[dec.proposer].model:  # a draft-free proposer: the draft is neither loaded nor fingerprinted
             mcfg = replace(mcfg, draft=None, draft_head="full")
         tcfg = TaskConfig.from_any(resolved["task"])
-        check_rows(None, dec, tcfg.batch_size)  # a decoder that cannot batch fails here, before any work
         track = TrackingConfig.from_any(resolved.get("tracking"))
         results_file = Path(resolved.get("results_dir", "results")) / f"{experiment_name(resolved)}.jsonl"
         check_results_file(results_file)  # unwritable output fails here, before any work (mtad.harness.rundir)
@@ -165,7 +164,6 @@ class Job:
         """Take the loaded pair, open the run directory and tracker, decode the warm-up prompts."""
         if self.resolved.get("num_threads"):
             torch.set_num_threads(int(self.resolved["num_threads"]))
-        check_rows(pair, self.dec, self.tcfg.batch_size)
         self.pair = pair
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tracker = make_tracker(self.track, self.run_dir)

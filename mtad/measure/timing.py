@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import torch
 
 from mtad.decoding import generate
-from mtad.decoding.kv import Rows, Stats
+from mtad.decoding.kv import Session, Stats
 from mtad.models.feature_draft import timing_session
 
 K = TypeVar("K", bound=Hashable)
@@ -100,7 +100,7 @@ class _Forward:
     def fresh(self):
         s = timing_session(self.model, Stats(), self.shape.role)
         if self.ctx:
-            s.forward(self.ctx)
+            s.forward([self.ctx])
         if self.shape.rows > 1:
             s.expand(self.shape.rows)
         return s
@@ -109,17 +109,17 @@ class _Forward:
         if self.session is None or self.shape.rows > 1 or not self.ctx:
             self.session = self.fresh()
         elif self.shape.tree:
-            self.session.keep_path([])  # drop the last pass's nodes
+            self.session.keep_path([[]])  # drop the last pass's nodes
         else:
-            self.session.sync(self.ctx + [-1])  # the cache back to exactly ctx
+            self.session.sync([self.ctx + [-1]])  # the cache back to exactly ctx
 
     def run(self) -> torch.Tensor:
         s, shape = self.session, self.shape
         if shape.rows > 1:
             return s.forward_beams(torch.tensor(self.new))  # (B, V)
         if shape.tree:
-            return s.forward_tree(self.new, [len(self.ctx) - 1] * shape.new, shape.keep)  # (N or keep, V)
-        return s.forward(self.new, shape.keep)  # (keep, V)
+            return s.forward_tree([self.new], [[len(self.ctx) - 1] * shape.new], shape.keep)[0]  # (N or keep, V)
+        return s.forward([self.new], shape.keep)[0]  # (keep, V)
 
 
 def time_forwards(jobs: Mapping[K, tuple[Any, Shape]], tokens: Sequence[int], reps: int = 10,
@@ -168,10 +168,10 @@ def time_decodes(pair, cfg, prompts: Sequence[Sequence[int]], seeds: Sequence[in
 def time_rows(model, role: str, rows: int, new: int, context: int, tokens: Sequence[int], reps: int = 10,
               min_seconds: float = 0.0) -> float:
     """Seconds of one forward of ``new`` tokens in each of ``rows`` prompts after ``context`` cached tokens
-    each (a batched decode's shape, :class:`mtad.decoding.kv.Rows`; ``<role>:seq:<rows>x<new>``): the cache is
+    each (a batched decode's shape, :class:`mtad.decoding.kv.Session`; ``<role>:seq:<rows>x<new>``): the cache is
     filled once and rolled back after every timed forward; the trimmed mean over ``reps`` rounds or more."""
     ctx, step = cycle(tokens, 0, context), cycle(tokens, context, new)
-    session = Rows(model, [Stats() for _ in range(rows)], role)
+    session = Session(model, [Stats() for _ in range(rows)], role)
     device = model.get_input_embeddings().weight.device
     times, start, r = [], time.perf_counter(), 0
     with torch.inference_mode():

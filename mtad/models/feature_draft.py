@@ -13,7 +13,7 @@ the final norm and the head follow: ``h_t`` (the output after the norm) predicts
 gives ``q`` of the next token. So the first drafted token of a block sees the target's exact features up to
 the last committed token but one, deeper ones the draft's predictions.
 
-Wiring (:class:`mtad.decoding.kv.Session`): :meth:`mtad.decoding.core.Run.blocks` links the draft's session
+Wiring (:class:`mtad.decoding.kv.Session`): :meth:`mtad.decoding.core.Batch.blocks` links the draft's session
 to the target's (``Session.link``) when the draft has ``reads_target_features``; both sessions then keep
 their model's final hidden state per cache index, mirrored through every crop, beam reorder and path
 compaction, and the draft session passes ``features`` (B, S, D) to this model. Draft cache entries
@@ -99,26 +99,31 @@ class FeatureDraft(LlamaForCausalLM):
 
 class ZeroSource:
     """A stand-in for the target's Session when a feature draft is timed alone (``mtad.measure.costmodel``, the
-    benchmark's step costs): it "computes" every position with a zero feature, so the draft runs exactly the
-    tensor operations of a decode (its inputs just carry no information)."""
+    benchmark's step costs): it "computes" every position of its one row with a zero feature, so the draft runs
+    exactly the tensor operations of a decode (its inputs just carry no information)."""
 
     def __init__(self, hidden: int, device):
-        self.ids: list[int] = []
+        self.ids: list[list[int]] = [[]]
+        self.row = [0]
         self.hidden, self.device = hidden, device
         self.feats = torch.zeros(1, 0, hidden, device=device)
 
-    def sync(self, tokens: list[int]) -> None:
-        del self.ids[max(len(tokens) - 1, 0):]
-        self.feats = self.feats[:, :len(self.ids)]
+    def _base(self, i: int) -> int:
+        return 0  # its one row starts at slot 0
 
-    def forward(self, new_ids: list[int], keep: int = 1) -> None:
-        self.ids.extend(new_ids)
-        self.feats = torch.zeros(1, len(self.ids), self.hidden, device=self.device)
+    def sync(self, tokens: list[list[int]]) -> list[list[int]]:
+        del self.ids[0][max(len(tokens[0]) - 1, 0):]
+        self.feats = self.feats[:, :len(self.ids[0])]
+        return [tokens[0][len(self.ids[0]):]]
+
+    def forward(self, new: list[list[int]], keep: int = 1) -> None:
+        self.ids[0].extend(new[0])
+        self.feats = torch.zeros(1, len(self.ids[0]), self.hidden, device=self.device)
 
 
 def timing_session(model, stats, role: str):
-    """A Session of ``model`` for cost measurements: a feature draft is linked to a :class:`ZeroSource`."""
-    s = Session(model, stats, role)
+    """A one-row Session of ``model`` for cost measurements: a feature draft is linked to a :class:`ZeroSource`."""
+    s = Session(model, [stats], role)
     if getattr(model, "reads_target_features", False):
         s.link(ZeroSource(model.config.hidden_size, s.device))
     return s

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from mtad.decoding import DecoderConfig, generate
-from mtad.decoding.core import Run
+from mtad.decoding.core import Batch
 from mtad.decoding.filter import draw, uniform
 from mtad.decoding.rules import RULES
 from mtad.decoding.speculative import draft_chain
@@ -110,41 +110,42 @@ class Block:
 
 class Drafter:
     """Draft and score blocks at the contexts of one prompt, which must come in growing order (the caches
-    roll back to the committed text, :meth:`mtad.decoding.kv.Session.sync`)."""
+    roll back to the committed text, the sessions' ``sync``)."""
 
     def __init__(self, models, prompt: list[int], cfg: DecoderConfig, mix: float | None = None):
-        self.run = Run(prompt, cfg, set(), next(models.target.parameters()).device)
-        self.target = self.run.session(models.target, "target")
-        self.draft = self.run.session(models.draft, "draft")
+        self.batch = Batch([prompt], cfg, set(), next(models.target.parameters()).device)  # a batch of one
+        self.run = self.batch.runs[0]
+        self.target = self.batch.session(models.target, "target")
+        self.draft = self.batch.session(models.draft, "draft")
         if getattr(models.draft, "reads_target_features", False):
             self.draft.link(self.target)
         self.mix = mix  # λ of the oracle mixture λ·q̃ + (1 − λ)·p̃ (None: the draft itself)
-        self.oracle = None if mix is None else self.run.session(models.target, "oracle")
+        self.oracle = None if mix is None else self.batch.session(models.target, "oracle")
 
     def block(self, context: list[int], rng: torch.Generator) -> Block:
         assert context[:len(self.run.tokens)] == self.run.tokens, "contexts of one prompt must grow"
         self.run.tokens = list(context)
         K = self.run.cfg.gamma
         if self.oracle is None:
-            x, q = draft_chain(self.draft, self.run, K, rng)  # K ids, (K, V)
+            x, q = draft_chain(self.draft, self.batch, K, rng)  # K ids, (K, V)
         else:
-            x, q = mixture_chain(self.draft, self.oracle, self.run, K, rng, self.mix)
-        logits = self.target.forward(self.run.pending(self.target) + x, keep=K + 1)  # (K+1, V)
+            x, q = mixture_chain(self.draft, self.oracle, self.batch, K, rng, self.mix)
+        logits = self.target.forward([self.batch.pending(self.target)[0] + x], keep=K + 1)[0]  # (K+1, V)
         x = torch.tensor(x, dtype=torch.long, device=self.run.device)
         return Block(x, q, self.run.filt(logits), torch.log_softmax(logits.float(), -1))
 
 
-def mixture_chain(draft, oracle, run, K: int, rng: torch.Generator, lam: float) -> tuple[list[int], torch.Tensor]:
+def mixture_chain(draft, oracle, batch, K: int, rng: torch.Generator, lam: float) -> tuple[list[int], torch.Tensor]:
     """:func:`draft_chain` from the *oracle* mixture q̃_λ = λ·q̃ + (1 − λ)·p̃ (p̃ from a separate target session,
     so a feature draft still reads the same features as without mixing). An oracle: it runs the target
     at every draft step, so it is for hardware-free accepted lengths only, never timed."""
-    ids_d, ids_o, x, q = run.pending(draft), run.pending(oracle), [], []
+    ids_d, ids_o, x, q = batch.pending(draft), batch.pending(oracle), [], []  # one row each
     for _ in range(K):
-        qd = run.filt(draft.forward(ids_d)[-1])  # (V,)
-        po = run.filt(oracle.forward(ids_o)[-1])  # (V,)
+        qd = batch.filt(draft.forward(ids_d)[0, -1])  # (V,)
+        po = batch.filt(oracle.forward(ids_o)[0, -1])  # (V,)
         q.append(lam * qd + (1 - lam) * po)
-        ids_d = ids_o = [int(draw(q[-1], rng))]
-        x.append(ids_d[0])
+        x.append(int(draw(q[-1], rng)))
+        ids_d = ids_o = [[x[-1]]]
     return x, torch.stack(q)  # (K, V)
 
 

@@ -1,8 +1,10 @@
-"""Batches of prompts (``mtad.generate`` on a list of prompts of different lengths, :class:`mtad.decoding.kv.Rows`).
+"""Batches of prompts (``mtad.generate`` on a list of prompts of different lengths, :class:`mtad.decoding.kv.Session`).
 
 Per batch size 1, 2 and 5, with rows that stop (EOS) at different steps: at T = 0 every row equals its own
 one-prompt greedy decode, token for token, with the same stop reason, the same target forwards and the same
-acceptance record, for greedy, speculative (every accept rule, draft and prompt-lookup proposers) and MTAD.
+acceptance record, for every decoder and variant: greedy, sampling, speculative (every accept rule, draft and
+prompt-lookup proposers), MTAD (with and without replacement, prompt lookup), MMTAD, SpecInfer and MTJD (exhaustive
+and beam), on token drafts and on a feature draft (per-row features through every crop, reorder and compaction).
 Speculative sampling on a batch is lossless per row (chi-square of the first two tokens of each row against
 that row's exact joint) and its rows are independent (chi-square of two identical rows' first tokens against
 the product of their marginals). Controls that must fail: a rejected tail left visible in the cache,
@@ -26,7 +28,8 @@ import mtad
 import mtad.decoding.propose as propose_mod
 import mtad.decoding.speculative as speculative_mod
 from mtad.decoding.filter import filter_probs
-from mtad.decoding.kv import Rows
+from mtad.decoding.kv import Session
+from mtad.models.feature_draft import FeatureDraft, feature_config
 from mtad.models.pair import ModelPair
 
 torch.set_num_threads(1)
@@ -45,20 +48,48 @@ DECODERS = [
     ("speculative", {"accept": "fuzzy"}),
     ("speculative", {"proposer": "ngram"}),
     ("mtad", {}),
+    ("mtad", {"replacement": False}),
     ("mtad", {"proposer": "ngram"}),
+    ("sampling", {}),
+    ("mmtad", {}),
+    ("mmtad", {"replacement": False, "reference": "own"}),
+    ("specinfer", {}),
+    ("mtjd", {"mode": "exhaustive"}),
+    ("mtjd", {"mode": "beam"}),
+    ("mtjd", {"mode": "beam", "replacement": False}),
 ]
+FEATURE_DECODERS = [d for d in DECODERS if d[0] in ("speculative", "mtad", "mmtad", "specinfer")
+                    and d[1].get("proposer") != "ngram" and d[1].get("accept") in (None, "lossless", "block")]
 
 
 def ids(d):
     name, extra = d
-    return name + "".join(f"-{v}" for v in extra.values())
+    return name + "".join(f"-{k}={v}" for k, v in extra.items())
 
 
 @functools.cache
 def pair(arch: str) -> ModelPair:
-    """A target and a near copy as draft: at T = 0 rows accept different numbers of tokens per iteration."""
+    """A target and a near copy as draft: at T = 0 rows accept different numbers of tokens per iteration.
+    ``llama-feature``: the llama target with a feature draft that reads the target's hidden states (a copy of the
+    target whose input adds a small projection of the parent's feature: it accepts often, and the features change
+    its proposals)."""
+    if arch == "llama-feature":
+        return ModelPair(pair("llama").target, feature_draft(pair("llama").target))
     t = tm.model(arch, 1, 32, hidden=16)
     return ModelPair(t, tm.near(t, 5, 0.02))
+
+
+def feature_draft(target, eps: float = 0.01) -> FeatureDraft:
+    c = feature_config(target.config, target.config.num_hidden_layers)
+    c._attn_implementation = "sdpa"
+    with torch.random.fork_rng(), torch.no_grad():
+        torch.manual_seed(3)
+        d = FeatureDraft(c).eval()
+        d.load_state_dict(target.state_dict(), strict=False)  # all but fc
+        D = c.hidden_size
+        d.fc.weight.copy_(torch.cat([torch.eye(D), eps * torch.randn(D, D)], 1))  # x = embed + eps R f_parent
+        d.fc.bias.zero_()
+    return d
 
 
 @functools.cache
@@ -73,8 +104,8 @@ def eos(arch: str) -> int:
 
 
 def cfg(arch: str, name: str, extra: dict, **kw) -> dict:
-    return dict(name=name, **extra, temperature=0, max_new_tokens=N_NEW, gamma=3, beam_width=3,
-                eos_token_id=eos(arch), **kw)
+    return dict(name=name, **extra, temperature=0, max_new_tokens=N_NEW, gamma=3, beam_width=3, node_budget=10 ** 5,
+                eos_token_id=eos(arch.split("-")[0]), **kw)
 
 
 def one(arch, c, prompt):
@@ -98,9 +129,10 @@ def test_rows_stop_at_different_steps(arch):
     assert 0 in acc and max(acc) >= 2
 
 
-@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("B", SIZES)
-@pytest.mark.parametrize("dec", DECODERS, ids=ids)
+@pytest.mark.parametrize("arch,dec", [(a, d) for a in ARCHS for d in DECODERS]
+                         + [("llama-feature", d) for d in FEATURE_DECODERS],
+                         ids=lambda v: v if isinstance(v, str) else ids(v))
 def test_each_row_equals_its_own_greedy_run(arch, B, dec):
     """At T = 0 row b of a batch of B equals the one-prompt greedy decode of prompt b (tokens, stop reason),
     and the one-prompt decode of the same decoder in its target forwards and per-iteration acceptance."""
@@ -123,14 +155,66 @@ def test_tensor_prompts_and_finished_rows_leave_the_batch():
     assert sum(r.wall_time_s for r in got) > 0
 
 
-@pytest.mark.parametrize("name,extra", [("mmtad", {}), ("specinfer", {}), ("mtjd", {"mode": "exhaustive"}),
-                                        ("mtad", {"replacement": False})])
-def test_unbatched_decoders_refuse_more_than_one_prompt(name, extra):
-    """One clear error at batch > 1; a batch of one prompt still decodes (a list of one result)."""
-    c = dict(name=name, **extra, temperature=0, max_new_tokens=4, gamma=2, node_budget=100000)
-    with pytest.raises(ValueError, match="one prompt at a time"):
-        rows("llama", c, PROMPTS[:2])
-    assert len(rows("llama", c, PROMPTS[:1])) == 1
+def top_draw(probs, rng, n=1, replacement=True):
+    """A deterministic stand-in for every draw: the n most likely indices (ties to the lower index)."""
+    return probs.argsort(dim=-1, descending=True, stable=True)[..., :n]
+
+
+@pytest.mark.parametrize("B", [2, 5])
+@pytest.mark.parametrize("dec", [("mtad", {"replacement": False}), ("mmtad", {"replacement": False}),
+                                 ("mtjd", {"mode": "beam", "replacement": False}), ("mtjd", {"mode": "exhaustive"}),
+                                 ("specinfer", {})], ids=ids)
+def test_ragged_rows_equal_their_one_prompt_runs(B, dec, monkeypatch):
+    """Rows whose beams or trees differ in size: without replacement a row keeps as many beams as its filtered
+    support allows, and an exhaustive tree holds a row's whole support, so rows of a batch hold different numbers
+    of beams or tree nodes in one pass (guarded below). At T = 1 with top_p = 0.5 and every draw and uniform made
+    deterministic (the most likely entries; u = 0.5), each row equals its one-prompt decode: tokens, stop
+    reason, target forwards and acceptance."""
+    import mtad.decoding.beam as beam_mod
+    import mtad.decoding.core as core_mod
+    import mtad.decoding.mmtad as mmtad_mod
+    import mtad.decoding.mtad as mtad_d
+    import mtad.decoding.specinfer as specinfer_mod
+
+    for mod in (beam_mod, core_mod, mmtad_mod, mtad_d, specinfer_mod):
+        monkeypatch.setattr(mod, "draw", top_draw)
+    monkeypatch.setattr(specinfer_mod, "uniform", lambda n, rng: torch.full((n,), 0.5))
+    ragged, draw_rows, forward_tree = [], beam_mod._draw_rows, Session.forward_tree
+
+    def record_widths(*a):
+        idx, w = draw_rows(*a)
+        ragged.append(len(set(w)) > 1)
+        return idx, w
+
+    def record_nodes(self, tokens, *a, **kw):
+        ragged.append(len({len(t) for t in tokens}) > 1)
+        return forward_tree(self, tokens, *a, **kw)
+
+    monkeypatch.setattr(beam_mod, "_draw_rows", record_widths)
+    monkeypatch.setattr(Session, "forward_tree", record_nodes)
+    c = dict(cfg("llama", *dec), temperature=1.0, top_k=0, top_p=0.5, beam_width=4, k_config=[2, 2, 1])
+    alone = [one("llama", c, p) for p in PROMPTS[:B]]
+    ragged.clear()
+    got = rows("llama", c, PROMPTS[:B])
+    assert any(ragged), "every pass held equal rows: the test proves nothing"
+    for r, a in zip(got, alone):
+        assert (r.tokens, r.stop_reason, r.target_forwards, r.accepted) == \
+            (a.tokens, a.stop_reason, a.target_forwards, a.accepted)
+
+
+def test_feature_rows_accept_and_a_feature_bug_breaks_them(monkeypatch):
+    """Guard and control for the feature-draft rows above: the feature draft accepts some tokens and rejects
+    others, and with each row handed another row's features (a batching bug) or no features at all some row of a
+    speculative batch of 5 leaves its one-prompt acceptance record."""
+    c = cfg("llama-feature", "speculative", {})
+    alone = [one("llama-feature", c, p).accepted for p in PROMPTS]
+    assert 0 < sum(map(sum, alone)) < sum(map(len, alone)) * c["gamma"]
+    orig = Session._features
+    for bug in (lambda out: out.roll(1, 0), torch.zeros_like):
+        monkeypatch.setattr(Session, "_features", lambda self, *a, bug=bug: bug(orig(self, *a)))
+        got = [r.accepted for r in rows("llama-feature", c, PROMPTS)]
+        monkeypatch.undo()
+        assert got != alone
 
 
 # ---- controls: broken caches must fail the exactness test ---------------------------------------------------
@@ -153,7 +237,7 @@ def positions_uniform(self, lengths, S):
 def test_broken_cache_fails_exactness(arch, broken, monkeypatch):
     """The exactness test has power: with either bug some row of a speculative batch of 5 leaves its greedy run."""
     c = cfg(arch, "speculative", {})
-    monkeypatch.setattr(Rows, broken.__name__.replace("pack_tail_visible", "_pack")
+    monkeypatch.setattr(Session, broken.__name__.replace("pack_tail_visible", "_pack")
                         .replace("positions_uniform", "_positions"), broken)
     got = rows(arch, c, PROMPTS)
     monkeypatch.undo()
@@ -211,7 +295,7 @@ def test_bf16_rows_differ_from_their_one_prompt_decode_only_at_ties(monkeypatch)
         batch, alone = greedy_batch_and_alone(half_model(seed, torch.float32), PROMPTS)
         assert [r.tokens for r in batch] == [r.tokens for r in alone]
     assert differ >= 1
-    monkeypatch.setattr(Rows, "_positions", positions_uniform)
+    monkeypatch.setattr(Session, "_positions", positions_uniform)
     m = half_model(HALF_SEEDS[0], torch.bfloat16)
     assert tie_problems(m, PROMPTS, *greedy_batch_and_alone(m, PROMPTS))[1]
 
@@ -288,6 +372,48 @@ def test_speculative_batch_is_lossless_per_row_and_independent(monkeypatch):
     _, pairs = batch_counts()
     bad, _ = tm.chi_square(pairs, p1[:, None] * p1[None, :])
     assert bad > bound, f"a uniform shared by all rows passed: chi2 {bad:.1f} <= {bound:.1f}; the test has no power"
+
+
+LOSSLESS = [
+    ("sampling", {}),
+    ("speculative", {"accept": "block"}),
+    ("speculative", {"proposer": "ngram", "ngram_max": 2}),
+    ("specinfer", {"k_config": [2, 2]}),
+    ("speculative", {"draft": "feature"}),
+]
+
+
+@functools.cache
+def dist_feature_pair() -> ModelPair:
+    """The distribution target with a feature draft far from it (a copy of the target whose input adds a large
+    projection of the parent's feature)."""
+    return ModelPair(dist_pair().target, feature_draft(dist_pair().target, eps=1.0))
+
+
+@pytest.mark.parametrize("dec", LOSSLESS, ids=ids)
+def test_lossless_decoders_follow_the_target_per_row_at_batch_4(dec):
+    """Every lossless decoder at batch 4 (rows of different lengths; the default lossless speculative decoder is
+    tested above at batch 5): each row's first two tokens follow that row's exact filtered target joint (Pearson
+    chi-square below chi2.ppf(0.999, dof), small cells pooled). The control is a deliberately wrong law: the same
+    counts tested against the draft's joint (token drafts) or the next row's target joint must exceed the bound."""
+    name, extra = dec
+    feature = extra.get("draft") == "feature"
+    models = dist_feature_pair() if feature else dist_pair()
+    g, prompts = torch.Generator().manual_seed(7), DIST_PROMPTS[1:]
+    counts = torch.zeros(len(prompts), V, V)
+    c = dict(name=name, **{k: v for k, v in extra.items() if k != "draft"}, **FILT, max_new_tokens=3, gamma=2)
+    for _ in range(N_DRAWS // 2):
+        for b, r in enumerate(mtad.generate(models, prompts, c, g)):
+            counts[b, r.tokens[0], r.tokens[1]] += 1
+    token_draft = name != "sampling" and extra.get("proposer") != "ngram" and not feature
+    wrong = 0
+    for b, prompt in enumerate(prompts):
+        stat, bound = tm.chi_square(counts[b], exact_joint2(models.target, prompt))
+        assert stat < bound, f"row {b} is not lossless: chi2 {stat:.1f} >= {bound:.1f}"
+        bad = exact_joint2(models.draft, prompt) if token_draft else exact_joint2(models.target, prompts[b - 1])
+        stat, bound = tm.chi_square(counts[b], bad)
+        wrong += stat > bound
+    assert wrong >= len(prompts) - 1, f"only {wrong} rows reject the wrong law: the test has too little power"
 
 
 # ---- sliding windows: slot distance = position distance in every row ----------------------------------------

@@ -114,7 +114,8 @@ def test_every_decoder_on_a_sharded_target_matches_the_plain_run(dec):
 def test_without_the_rule_drafted_decoders_fail_control(name, monkeypatch):
     """Negative control: Sessions that leave logits on their model's device (the code before the rule)
     make the drafted decoders combine cuda:1 and cuda:0 tensors, and the harness catches it."""
-    monkeypatch.setattr(core.Run, "session", lambda run, model, role: Session(model, run.stats, role))
+    monkeypatch.setattr(core.Batch, "session", lambda batch, model, role: Session(model, [r.stats for r in batch.runs],
+                                                                                   role))
     pair = models()
     with _Sharded(pair), pytest.raises((RuntimeError, ValueError), match="device"):
         _decode(pair, (name, {}))
@@ -132,14 +133,14 @@ def test_rule_checks_name_the_rule():
 def test_keep_path_indexes_each_cache_layer_on_its_own_device():
     """A sharded target's cache layers sit on different GPUs: tree compaction indexes each on its own."""
     m = models().target
-    s = Session(m, Stats(), "target")
-    s.forward(PROMPT)
-    s.forward_tree([3, 4, 6], [len(PROMPT) - 1, len(PROMPT), len(PROMPT) - 1])
+    s = Session(m, [Stats()], "target")
+    s.forward([PROMPT])
+    s.forward_tree([[3, 4, 6]], [[len(PROMPT) - 1, len(PROMPT), len(PROMPT) - 1]])
     with fd.FakeDevices():
         for i, layer in enumerate(s.cache.layers):
             dev = torch.device("cuda", i)
             layer.keys, layer.values = fd.tag(layer.keys, dev), fd.tag(layer.values, dev)
-        s.keep_path([len(PROMPT), len(PROMPT) + 1])
+        s.keep_path([[len(PROMPT), len(PROMPT) + 1]])
         assert [layer.keys.device.index for layer in s.cache.layers] == list(range(len(s.cache.layers)))
     assert s.cache.layers[0].keys.shape[-2] == len(PROMPT) + 2
 

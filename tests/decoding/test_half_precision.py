@@ -153,8 +153,8 @@ def test_leaky_mask_is_caught_in_half_precision(arch, dtype, monkeypatch):
     tol = TREE_ULPS * ulp(dtype, kvt.alone(m, kvt.PREFIX))
     orig = Session._extend_tree
 
-    def leaky(self, parents):
-        pos, anc = orig(self, parents)
+    def leaky(self, i, parents):
+        pos, anc = orig(self, i, parents)
         return pos, torch.ones_like(anc)
 
     monkeypatch.setattr(Session, "_extend_tree", leaky)

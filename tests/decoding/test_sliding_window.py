@@ -134,8 +134,8 @@ def model(request):
 def build_tree(m) -> tuple[Session, tm.Tree, dict[int, torch.Tensor]]:
     """Linear PROMPT[:12], then three tree calls: the pending chain PROMPT[12:] with siblings below it, a
     level under those, and a chain of 9 nodes, so the deepest node's window holds only its ancestors."""
-    s = Session(m, Stats(), "target")
-    s.forward(PROMPT[:12])
+    s = Session(m, [Stats()], "target")
+    s.forward([PROMPT[:12]])
     tree = tm.Tree(s, PROMPT[:12])
     # cache indices: 12, 13 = pending chain; 14, 15, 16 children of 13; 17, 18 children of 14
     out = tree.add(PROMPT[12:] + [1, 5, 1, 30, 7], [11, 12, 13, 13, 13, 14, 14])
@@ -182,15 +182,15 @@ def test_keep_path_then_linear_and_tree(model):
     """Compaction to a deep path (beyond the window), a linear forward, a rollback, a second tree round."""
     s, tree, _ = build_tree(model)
     path = [12, 13, 16, 21, 22, 23, 24, 25, 26, 27]
-    s.commit_path(path, tree.paths[27])
+    s.commit_path([path], [tree.paths[27]])
     text = PROMPT[:12] + tree.paths[27]
-    assert s.ids == text and s.cache.get_seq_length() == len(text)
-    assert diff(s.forward([11, 6], keep=1)[-1], alone(model, text + [11, 6])) < ATOL
-    s.sync(text + [11, 3])  # drop 6, keep 11 pending-free: the next forward feeds 3
-    assert s.ids == text + [11]
-    assert diff(s.forward([3])[-1], alone(model, text + [11, 3])) < ATOL
-    t2 = tm.Tree(s, s.ids)
-    out = t2.add([4, 6, 6], [len(s.ids) - 1, len(s.ids) - 1, len(s.ids)])
+    assert s.ids[0] == text and s.cache.get_seq_length() == len(text)
+    assert diff(s.forward([[11, 6]], keep=1)[0][-1], alone(model, text + [11, 6])) < ATOL
+    s.sync([text + [11, 3]])  # drop 6, keep 11 pending-free: the next forward feeds 3
+    assert s.ids[0] == text + [11]
+    assert diff(s.forward([[3]])[0][-1], alone(model, text + [11, 3])) < ATOL
+    t2 = tm.Tree(s, s.ids[0])
+    out = t2.add([4, 6, 6], [len(s.ids[0]) - 1, len(s.ids[0]) - 1, len(s.ids[0])])
     for i, logits in out.items():
         assert diff(logits, alone(model, text + [11, 3] + t2.paths[i])) < ATOL
 
@@ -200,18 +200,18 @@ def test_sync_rolls_back_at_any_length(model):
     """Rollback to every length from past the window down to below it, each followed by a forward."""
     text = PROMPT + [1, 2, 3, 4, 5, 6]
     for k in (19, 15, 12, 9, 8, 7, 3):
-        s = Session(model, Stats(), "target")
-        s.forward(text)
+        s = Session(model, [Stats()], "target")
+        s.forward([text])
         committed = text[:k] + [20]
-        s.sync(committed)
-        assert s.ids == text[:k] and s.cache.get_seq_length() == k
-        assert diff(s.forward([20])[-1], alone(model, committed)) < ATOL, k
+        s.sync([committed])
+        assert s.ids[0] == text[:k] and s.cache.get_seq_length() == k
+        assert diff(s.forward([[20]])[0][-1], alone(model, committed)) < ATOL, k
 
 
 @torch.no_grad()
 def test_beams_past_the_window(model):
-    s = Session(model, Stats(), "draft")
-    s.forward(PROMPT)
+    s = Session(model, [Stats()], "draft")
+    s.forward([PROMPT])
     s.expand(3)
     t1, parent, t2 = torch.tensor([4, 12, 19]), torch.tensor([2, 0, 2]), torch.tensor([1, 1, 30])
     s.forward_beams(t1)
@@ -219,9 +219,9 @@ def test_beams_past_the_window(model):
     out = s.forward_beams(t2)  # (W, V)
     beams = [PROMPT + [int(t1[parent[b]]), int(t2[b])] for b in range(3)]
     assert max(diff(out[b], alone(model, beams[b])) for b in range(3)) < ATOL
-    s.collapse(2, beams[2][len(PROMPT):])
-    s.sync(beams[2] + [9])
-    assert diff(s.forward([9])[-1], alone(model, beams[2] + [9])) < ATOL
+    s.keep_beams([2])
+    s.sync([beams[2] + [9]])
+    assert diff(s.forward([[9]])[0][-1], alone(model, beams[2] + [9])) < ATOL
 
 
 # ---- negative controls on the cache -----------------------------------------------------------------------
@@ -252,7 +252,7 @@ def test_crop_that_skips_sliding_layers_is_caught(arch, monkeypatch):
     try:
         tokens = gen(pair(arch, "near"), "speculative", temperature=0, max_new_tokens=N_NEW, gamma=3).tokens
     except RuntimeError as e:  # hybrid: the stale sliding layer and the cropped full layer disagree in length
-        assert "size of tensor" in str(e)
+        assert "size of tensor" in str(e) or "out of bounds" in str(e)
         return
     assert tokens != oracle(arch)
 
@@ -275,9 +275,9 @@ def test_cache_without_per_token_keys_refuses_rollback(monkeypatch):
     """A recurrent (linear-attention) cache layer cannot be cropped or compacted: a clear error, not garbage."""
     m = tm.model("llama", 1, 32, hidden=16)
     monkeypatch.setattr(m.config, "layer_types", ["linear_attention", "full_attention"], raising=False)
-    s = Session(m, Stats(), "target")
-    s.ids = [1, 2, 3]
+    s = Session(m, [Stats()], "target")
+    s.ids[0] = [1, 2, 3]
     with pytest.raises(ValueError, match=r"roll back.*architecture 'llama'.*LinearAttentionLayer"):
-        s.sync([1, 5, 6])
+        s.sync([[1, 5, 6]])
     with pytest.raises(ValueError, match="compact"):
-        s.keep_path([])
+        s.keep_path([[]])

@@ -70,32 +70,32 @@ def test_parent_features_are_the_targets_then_the_drafts_own(arch, monkeypatch):
     rec = Recorder(d)
     monkeypatch.setattr(d, "forward", rec)
     stats = Stats()
-    ts, ds = Session(t, stats, "target"), Session(d, stats, "draft")
+    ts, ds = Session(t, [stats], "target"), Session(d, [stats], "draft")
     ds.link(ts)
     prompt = [5, 7, 11, 3, 9, 2]
     with torch.inference_mode():
-        ds.forward(prompt)
+        ds.forward([prompt])
         # the prompt minus its last token went to the target first; its features are the cache-free ones
-        assert ts.ids == prompt[:-1] and stats.target_forwards == 1
+        assert ts.ids[0] == prompt[:-1] and stats.target_forwards == 1
         H = hidden(t, prompt)  # (6, D)
         f = rec.calls[-1][0]  # (6, D)
         assert torch.equal(f[0], torch.zeros_like(f[0]))
         torch.testing.assert_close(f[1:], H[:-1], atol=1e-5, rtol=1e-5)
         # a drafted token's parent is the last prompt token, which the target has not seen: the draft's own h
         own = ds.feats[0, -1].clone()
-        ds.forward([4])
+        ds.forward([[4]])
         torch.testing.assert_close(rec.calls[-1][0, 0], own)
         with torch.no_grad():
             ref_h = d.hidden(torch.tensor([prompt]), torch.cat([torch.zeros(1, 1, H.shape[1]), H[None, :-1]], 1))
         torch.testing.assert_close(own, ref_h[0, -1], atol=1e-5, rtol=1e-5)
         # verify [last prompt token, 4, 8]; commit 4 and a new token 6: the draft drops its provisional entry
         # for 4 and recomputes it from the target's features
-        ts.forward([prompt[-1], 4, 8], keep=3)
+        ts.forward([[prompt[-1], 4, 8]], keep=3)
         committed = prompt + [4, 6]
-        ds.sync(committed)
-        assert ds.ids == prompt
-        pending = committed[len(ds.ids):]
-        ds.forward(pending)
+        ds.sync([committed])
+        assert ds.ids[0] == prompt
+        pending = committed[len(ds.ids[0]):]
+        ds.forward([pending])
         H2 = hidden(t, prompt + [4])
         torch.testing.assert_close(rec.calls[-1][0], H2[-2:], atol=1e-5, rtol=1e-5)
 
@@ -106,10 +106,10 @@ def test_beam_rows_carry_their_own_features(monkeypatch):
     rec = Recorder(d)
     monkeypatch.setattr(d, "forward", rec)
     stats = Stats()
-    ts, ds = Session(t, stats, "target"), Session(d, stats, "draft")
+    ts, ds = Session(t, [stats], "target"), Session(d, [stats], "draft")
     ds.link(ts)
     with torch.inference_mode():
-        ds.forward([5, 7, 11])
+        ds.forward([[5, 7, 11]])
         ds.expand(3)
         ds.forward_beams(torch.tensor([1, 2, 3]))
         after = ds.feats[:, -1].clone()  # (3, D): each beam's own output
@@ -178,10 +178,10 @@ def test_a_feature_draft_can_be_timed_alone(monkeypatch):
     d = fpair("llama").draft
     s = timing_session(d, Stats(), "draft")
     with torch.inference_mode():
-        s.forward([1, 2, 3, 4])
-        s.forward([5])
-        s.sync([1, 2, 3, 4, 0])
-        assert s.ids == [1, 2, 3, 4]
+        s.forward([[1, 2, 3, 4]])
+        s.forward([[5]])
+        s.sync([[1, 2, 3, 4, 0]])
+        assert s.ids[0] == [1, 2, 3, 4]
         s.expand(2)
         assert s.forward_beams(torch.tensor([1, 2])).shape == (2, 32)
     monkeypatch.setattr(cm, "MIN_SECONDS", 0.0)
