@@ -183,7 +183,7 @@ def check(name: str, prompts: int, tokens: int, out_dir: Path) -> dict:
         })
     base = {p["decoder"]: p for p in points}
     for p, rec in zip(points, recs):
-        for ref in ("sampling", "speculative"):
+        for ref in ("sampling", "speculative", "block"):
             if p["decoder"] == ref:
                 continue
             other = recs[list(DECODERS).index(ref)]

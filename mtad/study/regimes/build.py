@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from mtad.measure.simulate import GPU_PROFILES, CostProfile, declared, predict
+from mtad.report import stats
 from mtad.report.stats import ratio_interval
 from mtad.study.regimes.inputs import (
     FEATURE_DRAFT,
@@ -129,7 +130,21 @@ def projection(pts: dict) -> dict:
     return out
 
 
-def measured(name: str, c: dict, alpha: list[float]) -> dict | None:
+def vs_block(c: dict, root: Path) -> list[float] | None:
+    """MTAD / block verification in CPU time with its paired interval: the check's own figure, or from the
+    checked runs' per-prompt records (``rows``, in the order of ``points``) where the check predates it."""
+    m = next(p for p in c["points"] if p["decoder"] == "mtad")
+    if m.get("speedup_vs_block"):
+        return m["speedup_vs_block"]["measured"]
+    dirs = dict(zip([p["decoder"] for p in c["points"]], c.get("rows") or []))
+    found = [stats.resolve_run_dir(dirs.get(d), [root, root.parent.parent]) for d in ("mtad", "block")]
+    if None in found:
+        return None
+    iv = stats.compare("cpu_speedup", *(stats.per_prompt([stats.read_samples(f)], None) for f in found))
+    return [iv.point, iv.low, iv.high] if iv is not None else None
+
+
+def measured(name: str, c: dict, alpha: list[float], root: Path = ROOT) -> dict | None:
     """The mtad decoder of one check against the same pair's speculative and block runs (None without all
     three)."""
     pts = {p["decoder"]: p for p in c["points"]}
@@ -145,6 +160,7 @@ def measured(name: str, c: dict, alpha: list[float]) -> dict | None:
         "be_ratio_vs_block": m["block_efficiency"] / b["block_efficiency"],
         "mtad_vs_block_predicted": b["predicted_ms_per_token"] / m["predicted_ms_per_token"],
         "mtad_vs_block_measured": b["measured_ms_per_token"][0] / m["measured_ms_per_token"][0],
+        "mtad_vs_block": vs_block(c, root),
         "profile": c["calibration"]["pooled"]["profile"],
         "projected": projection(pts),
     }
@@ -157,7 +173,7 @@ def build(root: Path = ROOT) -> dict:
         rec = contexts(d["name"], root)
         if rec is not None and d["name"] in al:
             rows.append(draft_row(d, rec, al[d["name"]], chk))
-    meas = [m for name, c in chk.items() if name in al and (m := measured(name, c, al[name])) is not None]
+    meas = [m for name, c in chk.items() if name in al and (m := measured(name, c, al[name], root)) is not None]
     return {
         "drafts": rows,
         "measured": meas,

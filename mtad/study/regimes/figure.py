@@ -117,13 +117,12 @@ def speed_panel(ax, res: dict, key: str, title: str) -> None:
         ax.plot([m["alpha"][0]] * 2, m["projected"]["llama8b_1b"][k_sim], "-", color="#33a02c", lw=5, alpha=0.8,
                 solid_capstyle="butt",
                 label=None if i else "PROJECTION: 8B/1B GPU costs on the mtad decoder's own histograms")
-    if meas and key == "spec":
-        ivs = [m["mtad_vs_spec"]["measured"] for m in meas]
-        ax.errorbar([m["alpha"][0] for m in meas], [iv[0] for iv in ivs], yerr=_err(ivs), fmt="D", color="#e31a1c",
-                    capsize=3, label="measured here (CPU time), mtad decoder (beam drafts), paired 95 % CI")
-    elif meas:
-        ax.plot([m["alpha"][0] for m in meas], [m["mtad_vs_block_measured"] for m in meas], "D", color="#e31a1c",
-                label="measured here (CPU time), mtad decoder (beam drafts), ratio of ms/token")
+    ivs = [(m["alpha"][0], m["mtad_vs_spec"]["measured"] if key == "spec" else m.get("mtad_vs_block")) for m in meas]
+    ivs = [(a, iv) for a, iv in ivs if iv and iv[1] is not None]
+    if ivs:
+        ax.errorbar([a for a, _ in ivs], [iv[0] for _, iv in ivs], yerr=_err([iv for _, iv in ivs]), fmt="D",
+                    color="#e31a1c", capsize=3,
+                    label="measured here (CPU time), mtad decoder (beam drafts), paired 95 % CI")
     if key == "spec":
         _paper(ax, [p[5] / p[4] for p in PAPER_RUNS],
                "paper, MTAD / SpecInfer per-run ms/token (x: SpecInfer acceptance)")

@@ -102,11 +102,14 @@ def check_tables(res: dict) -> list[str]:
     out += table(["draft", "calibration", "t1 ms", "c", "c_W", "v",
                   "harness per step: " + " / ".join(DECODERS)], rows)
     rows = [[m["name"], f"{m['alpha'][0]:.2f}", ci(m["mtad_vs_spec"]["measured"], 3),
-             num(m["mtad_vs_spec"]["predicted"]), num(m["mtad_vs_block_measured"]), num(m["mtad_vs_block_predicted"]),
+             num(m["mtad_vs_spec"]["predicted"]),
+             ci(m["mtad_vs_block"], 3) if m.get("mtad_vs_block") else num(m["mtad_vs_block_measured"]),
+             num(m["mtad_vs_block_predicted"]),
              num(m["be_ratio_vs_spec"])] for m in res["measured"]]
     out += ["The mtad decoder against the same pair's speculative and block runs, measured (CPU time) and predicted, "
             "with the ratio of its block efficiency to speculative's:", ""]
-    return out + table(["draft", "α", "MTAD / speculative measured [95 % CI]", "predicted", "MTAD / block measured",
+    return out + table(["draft", "α", "MTAD / speculative measured [95 % CI]", "predicted",
+                        "MTAD / block measured [95 % CI]",
                         "predicted", "BE ratio MTAD/spec (decoder)"], rows)
 
 
