@@ -44,7 +44,7 @@ publish: $(STAMP)  ## publish result rows with their per-prompt records: ARGS="r
 bench: $(STAMP)  ## speed benchmark vs Hugging Face generate/assisted generation -> results/bench.jsonl
 	HF_HUB_OFFLINE=1 $(PY) experiments/bench_hf.py $(ARGS)
 
-bench-batch: $(STAMP)  ## batch benchmark: tokens/s of sampling, speculative, mtad at batch 1, 4, 16 -> results/published/batch_bench.{json,png}
+bench-batch: $(STAMP)  ## batch benchmark: tokens/s of sampling, speculative, mtad, mmtad, specinfer at batch 1, 4, 16 -> results/published/batch_bench.{json,png}
 	HF_HUB_OFFLINE=1 $(PY) experiments/bench_batch.py $(ARGS)
 
 bench-core: $(STAMP)  ## decoding-core overhead micro-benchmark on tiny models

@@ -1,6 +1,7 @@
-"""Batch benchmark (``make bench-batch``): tokens/s of sampling, speculative and MTAD at batch widths 1, 4, 16.
+"""Batch benchmark (``make bench-batch``): tokens/s of sampling, speculative, MTAD, MMTAD and SpecInfer at batch
+widths 1, 4, 16.
 
-``python experiments/bench_batch.py [model=smollm2_bf16] [--prompts 16] [--new 48] [--batches 1,4,16] [--reps 3]``
+``python experiments/bench_batch.py [model=smollm2] [--prompts 16] [--new 48] [--batches 1,4,16] [--reps 3]``
 
 The same GSM8K prompts (zero-shot, the pair's chat template) are decoded by every (decoder, batch width) in
 every repeat, ``--prompts`` prompts per cell in batches of B (``mtad.generate`` on a list of prompts); cells run
@@ -11,11 +12,12 @@ Block efficiency (tokens / target forwards per row) and acceptance (accepted / p
 
 The cost model with batch width (:func:`mtad.measure.costmodel.batch_cost_per_token`) is fitted from forward
 timings of the same pair (:func:`mtad.measure.costmodel.measure_batch`, B = 1, 2, 4, 8, 16 at the mean context)
-and predicts each cell's tokens/s from its measured block efficiency, and the batch width at which speculation
-stops paying (:func:`mtad.measure.costmodel.speculation_stops_paying`).
+and predicts each cell's tokens/s from its measured block efficiency (sampling, speculative and MTAD: the model
+has no term for a tree pass, so the MMTAD and SpecInfer cells have no prediction), and the batch width at which
+speculation stops paying (:func:`mtad.measure.costmodel.speculation_stops_paying`).
 
-The published table ran on ``smollm2_bf16`` (token draft), the default here; every decoder and draft now takes a
-batch, so ``model=smollm2`` (its feature draft) runs too.
+The default pair is the project default ``model=smollm2`` (its feature draft); the earlier published table ran
+on ``model=smollm2_bf16`` (token draft), which ``model=smollm2_bf16`` still selects.
 Writes ``results/published/batch_bench.json`` (``--out``) and a figure beside it (``.png``).
 """
 from __future__ import annotations
@@ -38,7 +40,10 @@ from mtad.measure.costmodel import Profile, batch_cost_per_token, measure_batch,
 from mtad.models.load import load_pair
 
 log = logging.getLogger("bench_batch")
-DECODERS = ("sampling", "speculative", "mtad")
+DECODERS = ("sampling", "speculative", "mtad", "mmtad", "specinfer")
+MODELLED = ("sampling", "speculative", "mtad")  # the decoders batch_cost_per_token predicts
+RATIOS = (("speculative", "sampling"), ("mtad", "speculative"), ("mtad", "sampling"), ("mmtad", "speculative"),
+          ("specinfer", "speculative"))
 
 
 def compose(overrides):
@@ -98,14 +103,14 @@ def main(argv=None) -> int:
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--out", default=str(REPO_ROOT / "results" / "published" / "batch_bench.json"))
     p.add_argument("--replot", action="store_true", help="redraw the figure of --out from its JSON, no decoding")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides (default model=smollm2_bf16)")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides (default model=smollm2)")
     args = p.parse_args(argv)
     if args.replot:
         figure(json.loads(Path(args.out).read_text()), Path(args.out).with_suffix(".png"))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     overrides = args.overrides if any(o.startswith("model=") for o in args.overrides) else \
-        ["model=smollm2_bf16", *args.overrides]
+        ["model=smollm2", *args.overrides]
     cfg = compose(overrides)
     if cfg.get("num_threads"):
         torch.set_num_threads(int(cfg["num_threads"]))
@@ -161,11 +166,12 @@ def summarize(runs, batches, profile, gamma, P, new) -> dict:
             e = statistics.fmean(r["block_efficiency"] for r in rs)
             acc = [r["acceptance_rate"] for r in rs if r["acceptance_rate"] is not None]
             n_new = statistics.fmean(r["tokens"] / r["prompts"] for r in rs)  # mean generated tokens per prompt
-            pred = 1e3 / batch_cost_per_token(profile, d, B, gamma, 4, e if d != "sampling" else 1.0, P, n_new)
+            pred = 1e3 / batch_cost_per_token(profile, d, B, gamma, 4, e if d != "sampling" else 1.0, P, n_new) \
+                if d in MODELLED else None
             out["cells"].append(dict(decoder=d, batch=B, tokens_per_s=interval(tps(d, B)), block_efficiency=e,
                                      acceptance_rate=statistics.fmean(acc) if acc else None,
                                      predicted_tokens_per_s=pred))
-        for num, den in (("speculative", "sampling"), ("mtad", "speculative"), ("mtad", "sampling")):
+        for num, den in RATIOS:
             out["ratios"].append(dict(ratio=f"{num}/{den}", batch=B,
                                       value=interval([a / b for a, b in zip(tps(num, B), tps(den, B))])))
     if len(batches) > 1:
@@ -183,7 +189,7 @@ def summarize(runs, batches, profile, gamma, P, new) -> dict:
 
 def figure(out: dict, path: Path) -> None:
     """Left: tokens/s against batch size, one line per decoder (95% CI over repeats), the cost model dashed.
-    Right: the paired ratios speculative / sampling and MTAD / speculative (95% CI), 1 = parity."""
+    Right: the paired ratios speculative / sampling and MTAD, MMTAD, SpecInfer / speculative (95% CI), 1 = parity."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -191,17 +197,21 @@ def figure(out: dict, path: Path) -> None:
 
     fig, (ax, rx) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [3, 2]})
     sizes = sorted({c["batch"] for c in out["summary"]["cells"]})
-    for d, color in zip(DECODERS, ("tab:gray", "tab:blue", "tab:orange")):
+    for d, color in zip(DECODERS, ("tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:purple")):
         cells = [c for c in out["summary"]["cells"] if c["decoder"] == d]
         B = [c["batch"] for c in cells]
         m = [c["tokens_per_s"][0] for c in cells]
         err = [[c["tokens_per_s"][0] - c["tokens_per_s"][1] for c in cells],
                [c["tokens_per_s"][2] - c["tokens_per_s"][0] for c in cells]]
         ax.errorbar(B, m, yerr=err, marker="o", capsize=3, color=color, label=f"{d} (measured, 95% CI)")
-        ax.plot(B, [c["predicted_tokens_per_s"] for c in cells], ls="--", color=color, alpha=0.6,
-                label=f"{d} (cost model)")
-    for name, color in (("speculative/sampling", "tab:blue"), ("mtad/speculative", "tab:orange")):
+        if d in MODELLED:
+            ax.plot(B, [c["predicted_tokens_per_s"] for c in cells], ls="--", color=color, alpha=0.6,
+                    label=f"{d} (cost model)")
+    for name, color in (("speculative/sampling", "tab:blue"), ("mtad/speculative", "tab:orange"),
+                        ("mmtad/speculative", "tab:green"), ("specinfer/speculative", "tab:purple")):
         rs = [r for r in out["summary"]["ratios"] if r["ratio"] == name]
+        if not rs:  # a JSON written before the tree decoders joined
+            continue
         v = [r["value"] for r in rs]
         err = [[x[0] - x[1] for x in v], [x[2] - x[0] for x in v]]
         rx.errorbar([r["batch"] for r in rs], [x[0] for x in v], yerr=err, marker="o", capsize=3, color=color,
@@ -217,7 +227,7 @@ def figure(out: dict, path: Path) -> None:
         a.legend(fontsize=7)
     ax.set_ylabel("generated tokens / s")
     threads = out["num_threads"]
-    fig.suptitle(f"{out['pair']} (bf16 target + token draft) on {out['hardware']} CPU, {threads} thread"
+    fig.suptitle(f"{out['pair']} on {out['hardware']}, {threads} thread"
                  f"{'s' if threads != 1 else ''}; GSM8K, {out['prompts']} prompts x {out['max_new_tokens']} new "
                  f"tokens, gamma={out['gamma']}, W={out['beam_width']}, {out['reps']} interleaved repeats", fontsize=9)
     fig.tight_layout()

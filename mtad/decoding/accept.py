@@ -22,8 +22,7 @@ def speculative_accept(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, u: tor
     check_device(p.device, q, x, u, what="speculative_accept")
     K = x.shape[0]
     j = torch.arange(K, device=p.device)
-    ok = u < (p[j, x] / q[j, x]).clamp(max=1.0)  # (K,)
-    n = int(ok.long().cumprod(0).sum())
+    n = _passed((u < (p[j, x] / q[j, x]).clamp(max=1.0)).tolist())  # of (K,)
     if n == K:
         return K, p[K]
     return n, residual(p[n], q[n])
@@ -42,9 +41,13 @@ def threshold_accept(p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, tau: flo
     check_device(p.device, q, x, what="threshold_accept")
     K = x.shape[0]
     j = torch.arange(K, device=p.device)
-    ok = p[j, x] > tau * q[j, x]  # (K,), ratio > tau without dividing by q
-    n = int(ok.long().cumprod(0).sum())
+    n = _passed((p[j, x] > tau * q[j, x]).tolist())  # of (K,), ratio > tau without dividing by q
     return n, p[n]
+
+
+def _passed(ok: list[bool]) -> int:
+    """The length of the leading run of True in ``ok`` (one host copy, not a cumprod and a sum on device)."""
+    return next((i for i, v in enumerate(ok) if not v), len(ok))
 
 
 def mtad_accept(log_p: torch.Tensor, log_q: torch.Tensor, tau: float) -> int:

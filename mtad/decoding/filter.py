@@ -19,22 +19,27 @@ def filter_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: fl
         return F.one_hot(logits.argmax(-1), V).float()  # (..., V)
     if 0 < top_k < V:  # top-k first: dividing by T > 0 keeps the order, so only k values are scaled
         vals, idx = logits.topk(top_k, dim=-1)  # (..., k), sorted descending
-        kept = _nucleus_sorted(torch.softmax(vals / temperature, -1), top_p)
+        kept = _nucleus_sorted(torch.softmax(_scale(vals, temperature), -1), top_p)
         return torch.zeros_like(logits).scatter_(-1, idx, kept)
-    probs = torch.softmax(logits / temperature, -1)
+    probs = torch.softmax(_scale(logits, temperature), -1)
     if top_p >= 1.0:
         return probs
     sorted_p, idx = probs.sort(-1, descending=True)  # (..., V)
     return torch.zeros_like(probs).scatter_(-1, idx, _nucleus_sorted(sorted_p, top_p))
 
 
+def _scale(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits / temperature``; at T = 1 the logits themselves (a division by 1 is exact: the same bits)."""
+    return logits if temperature == 1 else logits / temperature
+
+
 def _nucleus_sorted(sorted_p: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest prefix of descending ``sorted_p`` whose mass is >= top_p; renormalise."""
     if top_p >= 1.0:
         return sorted_p
-    mass_before = sorted_p.cumsum(-1) - sorted_p
+    mass_before = sorted_p.cumsum(-1).sub_(sorted_p)
     kept = sorted_p.masked_fill(mass_before >= top_p, 0.0)
-    return kept / kept.sum(-1, keepdim=True)
+    return kept.div_(kept.sum(-1, keepdim=True))
 
 
 def draw(probs: torch.Tensor, rng: torch.Generator, n: int = 1, replacement: bool = True) -> torch.Tensor:
@@ -47,13 +52,15 @@ def draw(probs: torch.Tensor, rng: torch.Generator, n: int = 1, replacement: boo
     check_device(rng.device, probs, what="draw")
     if not replacement:
         return torch.multinomial(probs, n, replacement=False, generator=rng)
-    cdf = probs.double().cumsum(-1)  # (..., V)
+    cdf = probs.cumsum(-1, dtype=torch.float64)  # (..., V): each term widened, then summed in float64
     u = torch.rand(cdf.shape[:-1] + (n,), generator=rng, dtype=torch.float64, device=cdf.device)  # (..., n)
     return torch.searchsorted(cdf, u * cdf[..., -1:], right=True)  # (..., n)
 
 
 def canonical_device(device) -> torch.device:
     """``device`` with its index filled in (``cuda`` -> ``cuda:<current>``), so equal devices compare equal."""
+    if type(device) is torch.device and (device.index is not None or device.type != "cuda"):
+        return device  # the common case, without building a new device
     device = torch.device(device)
     if device.index is None and device.type == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
@@ -62,6 +69,8 @@ def canonical_device(device) -> torch.device:
 
 def check_device(device: torch.device, *tensors: torch.Tensor, what: str) -> None:
     """The device rule (:mod:`mtad.decoding.core`): every operand is on the decode ``device``."""
+    if all(t.device == device for t in tensors):
+        return
     device = canonical_device(device)
     bad = sorted({str(t.device) for t in tensors if canonical_device(t.device) != device})
     if bad:

@@ -48,6 +48,7 @@ parent's feature, the target's where the target computed the same text for that 
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -133,6 +134,12 @@ def full_length_cache(config) -> DynamicCache:
     cache = DynamicCache(config=config)
     cache.layers = [DynamicLayer() if type(layer) is DynamicSlidingWindowLayer else layer for layer in cache.layers]
     return cache
+
+
+def _finite(x: torch.Tensor) -> bool:
+    """No NaN or inf in ``x``. A NaN or inf makes the sum non-finite, so one sum (a few µs) clears the common case;
+    ``isfinite().all()`` (tens of µs on a CPU vocabulary row) decides only when the sum overflowed."""
+    return math.isfinite(x.detach().sum().item()) or bool(torch.isfinite(x).all())
 
 
 class NonFiniteLogits(ValueError):
@@ -295,7 +302,7 @@ class Session:
             cols = (torch.tensor(n)[:, None] - keep + torch.arange(keep)[None, :] - (S - need)).clamp(min=0)
             logits = logits.gather(1, cols.to(logits.device)[:, :, None].expand(-1, -1, logits.shape[-1]))
         real = [i for i, k in enumerate(n) if k]
-        if not torch.isfinite(logits if len(real) == B else logits[real]).all():  # every decoder's logits pass here
+        if not _finite(logits if len(real) == B else logits[real]):  # every decoder's logits pass here
             first = self.stats[self.row[real[0]]]
             raise NonFiniteLogits(self.role, getattr(first, f"{self.role}_forwards"), len(self))
         return logits if self.out_device is None else logits.to(self.out_device)  # (B, keep, V)
@@ -304,7 +311,10 @@ class Session:
         """Every row with tokens in the call counts one forward and an equal share of its time; the call's shape
         (``<role>:<seq|tree>:<B>x<S>``, B with beams) is counted once, in its first row's ``calls``, so that
         summing ``calls`` over the rows gives the batch's forwards (:mod:`mtad.measure.costmodel`)."""
-        rows = sorted({self.row[i] for i, k in enumerate(n) if k})  # beams of one row count once
+        if len(n) == 1:  # one position: its row (the common batch of one, without a set and a sort)
+            rows = self.row
+        else:
+            rows = sorted({self.row[i] for i, k in enumerate(n) if k})  # beams of one row count once
         for r in rows:
             st = self.stats[r]
             st.forward_time_s += seconds / len(rows)

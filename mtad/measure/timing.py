@@ -148,17 +148,20 @@ def time_forward(model, shape: Shape, tokens: Sequence[int], reps: int = 10, min
 
 def time_decodes(pair, cfg, prompts: Sequence[Sequence[int]], seeds: Sequence[int], warmup=None) -> dict:
     """Decode ``prompts[i]`` with seed ``seeds[i]`` after one untimed warm-up decode of ``prompts[0]``
-    (config ``warmup``, default ``cfg``); totals of wall and forward seconds (the core's own timers), tokens
-    and forward counts."""
+    (config ``warmup``, default ``cfg``); totals of wall and forward seconds (the core's own timers), the same
+    two in CPU seconds (``cpu_s``, ``forward_cpu_s``), tokens and forward counts."""
     def decode(prompt, c, seed):
         return generate(pair, prompt, c, torch.Generator(device=pair.device).manual_seed(seed))
 
     decode(prompts[0], cfg if warmup is None else warmup, WARMUP_SEED)
-    tot = dict(wall_s=0.0, forward_s=0.0, tokens=0, target_forwards=0, draft_forwards=0)
+    tot = dict(wall_s=0.0, forward_s=0.0, cpu_s=0.0, forward_cpu_s=0.0, tokens=0, target_forwards=0,
+               draft_forwards=0)
     for prompt, seed in zip(prompts, seeds, strict=True):
         r = decode(prompt, cfg, seed)
         tot["wall_s"] += r.wall_time_s
         tot["forward_s"] += r.forward_time_s
+        tot["cpu_s"] += r.cpu_time_s
+        tot["forward_cpu_s"] += sum(r.call_cpu_s.values())
         tot["tokens"] += r.num_tokens
         tot["target_forwards"] += r.target_forwards
         tot["draft_forwards"] += r.draft_forwards
