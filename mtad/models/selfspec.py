@@ -113,10 +113,10 @@ def int8_copy(target, head: bool = True):
     draft = copy.deepcopy(target).float()
     if draft.get_input_embeddings().weight.device.type != "cpu":
         raise ValueError("model.draft=target:int8 is a CPU option (torch dynamic int8 kernels)")
-    head = draft.get_output_embeddings()
-    draft.lm_head = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
+    out = draft.get_output_embeddings()
+    draft.lm_head = nn.Linear(out.in_features, out.out_features, bias=out.bias is not None)
     with torch.no_grad():  # untie (a tied head is the embedding): the head is quantised on its own
-        draft.lm_head.load_state_dict(head.state_dict())
+        draft.lm_head.load_state_dict(out.state_dict())
     only = None if head else tuple(n for k, names in LAYER_KINDS.items() if k != "head" for n in names)
     return quantize_target(draft, "int8", only=only).eval()
 

@@ -71,6 +71,18 @@ def test_int8_copy_is_close_but_not_equal(target):
     assert 0 < tv < 0.5
 
 
+def test_int8body_keeps_the_head_in_float():
+    """``target:int8body`` quantises the body only: its output head is a float Linear, while ``target:int8``'s
+    is an int8 one (control), and the two drafts' logits differ."""
+    from mtad.models.tiny import tiny_pair
+
+    target = tiny_pair("llama", seed=0).target
+    body, full = derived_draft("target:int8body", target), derived_draft("target:int8", target)
+    assert type(body.lm_head) is torch.nn.Linear
+    assert type(full.lm_head) is not torch.nn.Linear  # control: the full copy quantises its head
+    assert not torch.equal(logits(body, [1, 5, 7, 2]), logits(full, [1, 5, 7, 2]))
+
+
 def test_mixture_alpha_is_exact():
     """Σ min(p, λq + (1−λ)p) = 1 − λ + λ Σ min(p, q) for random p, q; mixing the other way round (the control,
     λp + (1−λ)q) gives a different α."""
