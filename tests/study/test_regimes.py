@@ -252,3 +252,31 @@ def test_cli_writes_the_three_outputs(tree):
     assert json.loads((tree / "regimes.json").read_text())["checks"]["token"]["points"][3]["decoder"] == "mtad"
     assert (tree / "regimes.md").read_text().startswith("# Regime map")
     assert (tree / "regimes.png").stat().st_size > 0
+
+
+def test_the_committed_regime_map_and_temperature_control_re_render_byte_for_byte(tmp_path):
+    """``regimes.md``/``regimes.json`` from the committed records (α per prompt, per-context study records, the
+    checks with their published runs) and ``temperature.md`` from its published rows are what is committed.
+    Control: a changed record changes the map."""
+    import shutil
+    import subprocess
+    import sys
+
+    from mtad._util.paths import REPO_ROOT
+
+    src = REPO_ROOT / "results" / "regimes"
+    root = tmp_path / "regimes"
+    shutil.copytree(src, root, ignore=shutil.ignore_patterns("*.png", "temperature"))
+    assert regimes_main.main(["--root", str(root)]) == 0
+    for name in ("regimes.md", "regimes.json"):
+        assert (root / name).read_bytes() == (src / name).read_bytes(), name
+    out = tmp_path / "temperature"
+    subprocess.run([sys.executable, str(REPO_ROOT / "experiments" / "regime_temperature.py"), "--from",
+                    str(REPO_ROOT / "results" / "published" / "regime_temperature-2026-12-06.jsonl"),
+                    "--out", str(out)], check=True, capture_output=True)
+    assert (out / "temperature.md").read_bytes() == (src / "temperature" / "temperature.md").read_bytes()
+    rows = [json.loads(x) for x in (root / "alpha.jsonl").read_text().splitlines()]
+    rows[0]["per_prompt"][0][0] += 5.0  # control: one prompt's accepted count changes the map
+    (root / "alpha.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert regimes_main.main(["--root", str(root)]) == 0
+    assert (root / "regimes.md").read_bytes() != (src / "regimes.md").read_bytes()

@@ -21,6 +21,7 @@ from mtad.study.regimes.inputs import (
     drafts,
     hardware,
     profile,
+    provenance,
 )
 
 RULES = (("lossless", "speculative"), ("block", "block"), *((f"mtad (τ={t})", "mtad") for t in TAUS))
@@ -184,4 +185,5 @@ def build(root: Path = ROOT) -> dict:
         },
         "gpu_profiles": {k: list(v) for k, v in GPU_PROFILES.items()},
         "hardware": f"{hardware(root)}, 2 cores shared",
+        "provenance": provenance(root),
     }

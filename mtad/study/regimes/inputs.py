@@ -90,6 +90,21 @@ def profile(chk: dict, which: str = "pooled") -> CostProfile:
     return CostProfile(**{k: p[k] for k in PROFILE_KEYS if k in p})
 
 
+def provenance(root: Path = ROOT) -> dict[str, list[str]]:
+    """Where each input came from: the commits (and whether their trees were clean) of the α rows and the
+    study runs, and the publications of the checks' runs."""
+    def state(sha, dirty):
+        tree = "clean" if dirty is False else "dirty" if dirty else "tree not recorded"
+        return f"{(sha or 'no commit')[:10]} ({tree})"
+
+    alpha = [json.loads(x) for x in (root / "alpha.jsonl").read_text().splitlines() if x.strip()]
+    study = [json.loads(f.read_text().splitlines()[0])["study"] for f in sorted((root / "study").glob("*.jsonl"))]
+    pubs = {json.loads(f.read_text()).get("publication") for f in sorted((root / "check").glob("check-*.json"))}
+    return {"alpha": sorted({state(r.get("git_sha"), r.get("git_dirty")) for r in alpha}),
+            "study": sorted({state(r.get("git_sha"), r.get("git_dirty")) for r in study}),
+            "checks": sorted(p or "not published" for p in pubs)}
+
+
 def hardware(root: Path = ROOT) -> str:
     """The study's device name (its first record), or ``this CPU``."""
     for f in sorted((root / "study").glob("verifier_study-*.jsonl")):

@@ -125,6 +125,10 @@ def markdown(res: dict) -> str:
         "common random numbers), pooled over both tasks; ratios with 95 % intervals over (task, prompt) clusters. "
         "Oracle rows (λ) draft from λ·q + (1 − λ)·p: hardware-free only, never timed.",
         "",
+        "Provenance: α rows from " + ", ".join(res["provenance"]["alpha"]) + "; study runs from "
+        + ", ".join(res["provenance"]["study"]) + "; simulator-check runs published as "
+        + ", ".join(res["provenance"]["checks"]) + " (rows and per-prompt records under `results/published/`).",
+        "",
         *draft_tables(res),
         "## Simulated speed-up MTAD (τ = 0.5) / speculative from the study's histograms",
         "",
