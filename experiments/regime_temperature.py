@@ -33,6 +33,16 @@ KINDS = (("cpu_speedup", "speed-up, CPU time"), ("speedup", "speed-up, wall time
          ("ppl_change", "perplexity change"), ("distinct2_diff", "distinct-2 difference"))
 
 
+def jobs(prompts: int, tokens: int, temps: list[float], out: Path) -> list[list[str]]:
+    """The control's runs as Hydra overrides: MTAD, speculative decoding at T = 1 and at each of ``temps``."""
+    common = ["model=smollm2_bf16_feature", "task=gsm8k", f"task.n_prompts={prompts}", "task.few_shot=0",
+              f"decoder.max_new_tokens={tokens}", "num_threads=1", "warmup=1", "name=regime_temperature",
+              "progress=false", "perplexity=true", f"results_dir={out}"]
+    runs = [["decoder=mtad", "decoder.tau=0.5"], ["decoder=speculative"]]
+    runs += [["decoder=speculative", f"decoder.temperature={t}"] for t in temps]
+    return [[*v, *common] for v in runs]
+
+
 def label(row: dict) -> str:
     d = row["decoder"]
     return "mtad" if d["name"] == "mtad" else f"speculative T={float(d.get('temperature', 1.0)):g}"
@@ -126,12 +136,7 @@ def main(argv=None) -> int:
         from mtad.harness.runner import run_interleaved
         from mtad.harness.sweep import compose_job
 
-        common = ["model=smollm2_bf16_feature", "task=gsm8k", f"task.n_prompts={args.prompts}", "task.few_shot=0",
-                  f"decoder.max_new_tokens={args.tokens}", "num_threads=1", "warmup=1", "name=regime_temperature",
-                  "progress=false", "perplexity=true", f"results_dir={out}"]
-        runs = [["decoder=mtad", "decoder.tau=0.5"], ["decoder=speculative"]]
-        runs += [["decoder=speculative", f"decoder.temperature={t}"] for t in args.temps]
-        rows = run_interleaved([compose_job([*v, *common]) for v in runs])
+        rows = run_interleaved([compose_job(job) for job in jobs(args.prompts, args.tokens, args.temps, out)])
         search = [out]
     res = analyze(rows, search)
     pair = rows[0].get("model", {}).get("name", "the bf16 feature pair")

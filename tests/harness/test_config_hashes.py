@@ -35,6 +35,8 @@ QA = {"cpu_qa-2026-12-06"}  # PROFILE=cpu_qa: its own grid (test_published_qa_ro
 MEASURED_AS: dict[str, list[str]] = {}
 # rows no config of today can give the hashes of (none at present)
 OLDER_SCHEMA: set[str] = set()
+# publications of a script's runs, not of a profile's grid: their jobs come from the script itself
+SCRIPTED = {"regime_check-2026-12-06", "regime_temperature-2026-12-06"}
 
 needs_data = pytest.mark.usefixtures("real_data_dir")  # published rows hash the real data; skips on a fresh clone
 
@@ -71,11 +73,12 @@ def profile_grid(stem: str) -> list[list[str]]:
 
 def test_every_published_file_is_checked():
     stems = {p.stem for p in PUBLISHED}
-    assert stems and stems == set(DRAFT) | OLDER_SCHEMA
+    assert stems and stems == set(DRAFT) | OLDER_SCHEMA | SCRIPTED
 
 
 @needs_data
-@pytest.mark.parametrize("path", [p for p in PUBLISHED if p.stem not in OLDER_SCHEMA | QA], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", [p for p in PUBLISHED if p.stem not in OLDER_SCHEMA | QA | SCRIPTED],
+                         ids=lambda p: p.stem)
 def test_published_rows_hash_into_their_profiles_grid(path: Path):
     published = {r["config_hash"] for r in load_results(path)}
     jobs, data = profile_grid(path.stem), {}
@@ -147,3 +150,57 @@ def test_published_grids_set_only_keys_their_decoders_read(profile):
     assert jobs
     for job in jobs:
         check_keys(DecoderConfig.from_any(OmegaConf.to_container(sweep.compose_job(job), resolve=True)["decoder"]))
+
+
+def script_jobs(stem: str) -> list[list[str]]:
+    """The runs of a scripted publication as its script composes them (the regime check's per-draft overrides
+    are kept in its check files; the temperature control's from its own ``jobs``)."""
+    import importlib.util
+
+    def script(name):
+        spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "experiments" / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    if stem.startswith("regime_check"):
+        check = script("regime_check")
+        return [[*dec, *json.loads(f.read_text())["overrides"]]
+                for f in sorted((REPO_ROOT / "results" / "regimes" / "check").glob("check-*.json"))
+                for dec in check.DECODERS.values()]
+    temp = script("regime_temperature")
+    return temp.jobs(30, 48, [0.6, 0.7, 0.8, 0.9], Path("results/regimes/temperature"))
+
+
+def script_hash(job: list[str], data: dict) -> str:
+    """The runner's config hash of a job with the committed drafts' weights (the runner's own fingerprint)."""
+    from dataclasses import replace
+
+    from mtad.decoding import DecoderConfig
+    from mtad.decoding.propose import PROPOSERS
+    from mtad.models.load import resolve_alias
+
+    cfg = OmegaConf.to_container(sweep.compose_job(job), resolve=True)
+    mcfg, why = resolve_alias(ModelConfig(**cfg["model"]))
+    assert not why, job  # a pair named by itself, not an alias
+    if not PROPOSERS[DecoderConfig.from_any(cfg["decoder"]).proposer].model:
+        mcfg = replace(mcfg, draft=None, draft_head="full")
+    key = json.dumps(cfg["task"], sort_keys=True)
+    if key not in data:
+        task = get_task(TaskConfig.from_any(cfg["task"]))
+        data[key] = task.data_fingerprint(), task.resolved_source()
+    fingerprint, source = data[key]
+    return config_hash({**cfg, "task": {**cfg["task"], "source": source}, "weights": weights_fingerprint(mcfg),
+                        "data": fingerprint})
+
+
+@needs_data
+@pytest.mark.parametrize("stem", sorted(SCRIPTED))
+def test_scripted_publications_hash_as_their_scripts_compose_them(stem):
+    """Every row of a scripted publication has the hash of one of its script's jobs, and every job has a row.
+    Control: a job with one setting changed hashes to none of them."""
+    published = {r["config_hash"] for r in load_results(REPO_ROOT / "results" / "published" / f"{stem}.jsonl")}
+    data: dict = {}
+    jobs = script_jobs(stem)
+    assert {script_hash(job, data) for job in jobs} == published
+    assert script_hash([*jobs[0], "decoder.max_new_tokens=47"], data) not in published
