@@ -131,18 +131,27 @@ def projection(pts: dict) -> dict:
     return out
 
 
-def vs_block(c: dict, root: Path) -> list[float] | None:
+def run_records(c: dict, root: Path) -> dict[str, dict] | None:
+    """The checked runs' pooled per-prompt records by decoder (``rows``, in the order of ``points``; the
+    published run directories), or None where any is missing."""
+    dirs = dict(zip([p["decoder"] for p in c["points"]], c.get("rows") or []))
+    found = {d: stats.resolve_run_dir(r, [root, root.parent.parent]) for d, r in dirs.items()}
+    if not found or None in found.values():
+        return None
+    return {d: stats.per_prompt([stats.read_samples(f)], None) for d, f in found.items()}
+
+
+def _iv(iv) -> list[float] | None:
+    return [iv.point, iv.low, iv.high] if iv is not None and iv.point is not None else None
+
+
+def vs_block(c: dict, recs: dict | None) -> list[float] | None:
     """MTAD / block verification in CPU time with its paired interval: the check's own figure, or from the
-    checked runs' per-prompt records (``rows``, in the order of ``points``) where the check predates it."""
+    checked runs' records where the check predates it."""
     m = next(p for p in c["points"] if p["decoder"] == "mtad")
     if m.get("speedup_vs_block"):
         return m["speedup_vs_block"]["measured"]
-    dirs = dict(zip([p["decoder"] for p in c["points"]], c.get("rows") or []))
-    found = [stats.resolve_run_dir(dirs.get(d), [root, root.parent.parent]) for d in ("mtad", "block")]
-    if None in found:
-        return None
-    iv = stats.compare("cpu_speedup", *(stats.per_prompt([stats.read_samples(f)], None) for f in found))
-    return [iv.point, iv.low, iv.high] if iv is not None else None
+    return _iv(stats.compare("cpu_speedup", recs["mtad"], recs["block"])) if recs else None
 
 
 def measured(name: str, c: dict, alpha: list[float], root: Path = ROOT) -> dict | None:
@@ -152,6 +161,7 @@ def measured(name: str, c: dict, alpha: list[float], root: Path = ROOT) -> dict 
     if not {"mtad", "speculative", "block"} <= set(pts):
         return None
     m, b = pts["mtad"], pts["block"]
+    recs = run_records(c, root)
     return {
         "name": name,
         "alpha": alpha,
@@ -161,7 +171,8 @@ def measured(name: str, c: dict, alpha: list[float], root: Path = ROOT) -> dict 
         "be_ratio_vs_block": m["block_efficiency"] / b["block_efficiency"],
         "mtad_vs_block_predicted": b["predicted_ms_per_token"] / m["predicted_ms_per_token"],
         "mtad_vs_block_measured": b["measured_ms_per_token"][0] / m["measured_ms_per_token"][0],
-        "mtad_vs_block": vs_block(c, root),
+        "mtad_vs_block": vs_block(c, recs),
+        "distinct2_vs_spec": _iv(stats.compare("distinct2_diff", recs["mtad"], recs["speculative"])) if recs else None,
         "profile": c["calibration"]["pooled"]["profile"],
         "projected": projection(pts),
     }

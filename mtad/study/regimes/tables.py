@@ -105,12 +105,14 @@ def check_tables(res: dict) -> list[str]:
              num(m["mtad_vs_spec"]["predicted"]),
              ci(m["mtad_vs_block"], 3) if m.get("mtad_vs_block") else num(m["mtad_vs_block_measured"]),
              num(m["mtad_vs_block_predicted"]),
-             num(m["be_ratio_vs_spec"])] for m in res["measured"]]
+             num(m["be_ratio_vs_spec"]), ci(m.get("distinct2_vs_spec"), 3) if m.get("distinct2_vs_spec") else "—"]
+            for m in res["measured"]]
     out += ["The mtad decoder against the same pair's speculative and block runs, measured (CPU time) and predicted, "
-            "with the ratio of its block efficiency to speculative's:", ""]
+            "with the ratio of its block efficiency to speculative's and the difference of their outputs' distinct-2 "
+            "(paired 95 % CI):", ""]
     return out + table(["draft", "α", "MTAD / speculative measured [95 % CI]", "predicted",
                         "MTAD / block measured [95 % CI]",
-                        "predicted", "BE ratio MTAD/spec (decoder)"], rows)
+                        "predicted", "BE ratio MTAD/spec (decoder)", "distinct-2 MTAD − spec [95 % CI]"], rows)
 
 
 def markdown(res: dict) -> str:
