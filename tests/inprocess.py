@@ -54,6 +54,16 @@ def run_module(module: str, *args: str, cwd: str | Path | None = None,
                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -m module *args`` in this process (see the module docstring); ``env`` adds or replaces
     variables for the call only."""
+    return _run(module, None, args, cwd, env)
+
+
+def run_script(path: str | Path, *args: str, cwd: str | Path | None = None,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python path *args`` in this process, like :func:`run_module`."""
+    return _run(str(path), str(path), args, cwd, env)
+
+
+def _run(module: str, path: str | None, args, cwd, env) -> subprocess.CompletedProcess:
     import torch
     from hydra.core.global_hydra import GlobalHydra
 
@@ -67,9 +77,15 @@ def run_module(module: str, *args: str, cwd: str | Path | None = None,
             os.chdir(cwd)
         os.environ.update({k: str(v) for k, v in (env or {}).items()})
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            # the module as imported by a test stays as it was; the run gets a fresh copy, as python -m would
+            imported = {m: sys.modules.pop(m) for m in (module, f"{module}.__main__") if path is None
+                        and m in sys.modules and getattr(sys.modules[m], "__path__", None) is None}
             try:
                 sys.argv = argv
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
+                if path is None:
+                    runpy.run_module(module, run_name="__main__", alter_sys=True)
+                else:
+                    runpy.run_path(path, run_name="__main__")
             except SystemExit as stop:
                 if stop.code is None:
                     code = 0
@@ -84,6 +100,7 @@ def run_module(module: str, *args: str, cwd: str | Path | None = None,
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
+                sys.modules.update(imported)
     finally:
         argv_before, cwd_before, env_before, threads, logs, handlers = saved
         sys.argv = argv_before

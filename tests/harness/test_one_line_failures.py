@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from inprocess import run_module
 
 from mtad._util.paths import REPO_ROOT
 
@@ -23,8 +24,8 @@ def _env(**extra: str) -> dict:
 
 
 def _run(module: str, *args: str, cwd: Path = REPO_ROOT, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=_env(**env), capture_output=True,
-                          text=True, timeout=300)
+    """``python -m module args`` from ``cwd``, in this process (:mod:`inprocess`)."""
+    return run_module(module, *args, cwd=cwd, env={"WANDB_MODE": "disabled", **env})
 
 
 def _one_line(out: subprocess.CompletedProcess, prefix: str) -> str:

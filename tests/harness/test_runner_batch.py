@@ -4,13 +4,11 @@ cannot batch is refused before any work (exit status 2 from the CLI)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from inprocess import run_module
 from omegaconf import OmegaConf
 
 from mtad._util.paths import REPO_ROOT
@@ -67,10 +65,9 @@ def test_batch_size_1_hashes_as_before_the_key_existed(tmp_path, data_file):
 
 @pytest.mark.parametrize("decoder", ["mmtad", "specinfer", "mtjd_exhaustive"])
 def test_unbatched_decoder_is_refused_with_exit_2(tmp_path, data_file, decoder):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}
-    out = subprocess.run([sys.executable, "-m", "mtad", "model=tiny", "task=jsonl", f"task.data_file={data_file}",
-                          f"results_dir={tmp_path / 'res'}", "name=bad", "warmup=0", f"decoder={decoder}",
-                          "task.batch_size=2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = run_module("mtad", "model=tiny", "task=jsonl", f"task.data_file={data_file}",  # in this process
+                     f"results_dir={tmp_path / 'res'}", "name=bad", "warmup=0", f"decoder={decoder}",
+                     "task.batch_size=2", cwd=tmp_path)
     assert out.returncode == 2
     errors = [line for line in out.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "one prompt at a time" in errors[0], out.stderr

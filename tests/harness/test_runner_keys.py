@@ -11,14 +11,13 @@ each job of a multirun (its ``error.json``; the other jobs run; exit 2 at the en
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import tinymodels as tm
 import torch
+from inprocess import run_module
 
 import mtad
 from mtad._util.paths import REPO_ROOT
@@ -111,11 +110,9 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     data = tmp_path / "p.jsonl"
     data.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"say hi {i}", "answer": "hi"}) + "\n"
                             for i in range(2)))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run([sys.executable, "-m", "mtad", *args, "model=tiny", "task=jsonl", f"task.data_file={data}",
-                           f"results_dir={tmp_path / 'res'}", "name=t", "warmup=0", "decoder.max_new_tokens=4"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    return run_module("mtad", *args, "model=tiny", "task=jsonl", f"task.data_file={data}",  # in this process
+                      f"results_dir={tmp_path / 'res'}", "name=t", "warmup=0", "decoder.max_new_tokens=4",
+                      cwd=tmp_path, env={"WANDB_MODE": "disabled"})
 
 
 def test_cli_refuses_an_unread_key_with_one_line_and_no_files(tmp_path):
