@@ -137,7 +137,7 @@ def test_sweep_stops_in_one_line_when_the_disk_fills_between_jobs(tmp_path, monk
     from mtad.harness import sweep
 
     calls = []
-    monkeypatch.setattr(sweep, "_run_group", lambda group, summary, results_file: calls.append(group))
+    monkeypatch.setattr(sweep, "_run_group", lambda group, summary, *rest: calls.append(group))
     free = iter([10_000.0, 5.0])
     monkeypatch.setattr(sweep, "free_mb", lambda path: next(free))
     code = sweep.main(["--experiment", "quick", "--no-progress", "--no-cost-profile", "--no-interleave",
