@@ -274,6 +274,7 @@ def test_full_quick_profile(tmp_path):
     assert (tmp_path / "tables" / "quick.md").is_file()
 
 
+@pytest.mark.slow  # three interpreters (the sweep and its two submitit jobs): make test-slow, .ci/run
 def test_submitit_local_launcher_and_in_process_route_share_config_hashes(tmp_path):
     """A 1x2 grid through ``hydra/launcher=local`` (submitit subprocesses); the in-process reproduce route
     then recognises both rows (same config hashes) and runs nothing."""
