@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 
@@ -77,15 +78,14 @@ def _run(module: str, path: str | None, args, cwd, env) -> subprocess.CompletedP
             os.chdir(cwd)
         os.environ.update({k: str(v) for k, v in (env or {}).items()})
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            # the module as imported by a test stays as it was; the run gets a fresh copy, as python -m would
-            imported = {m: sys.modules.pop(m) for m in (module, f"{module}.__main__") if path is None
-                        and m in sys.modules and getattr(sys.modules[m], "__path__", None) is None}
             try:
                 sys.argv = argv
-                if path is None:
-                    runpy.run_module(module, run_name="__main__", alter_sys=True)
-                else:
-                    runpy.run_path(path, run_name="__main__")
+                with warnings.catch_warnings():  # the module may be imported already (by a test): runpy runs a
+                    warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)  # fresh copy
+                    if path is None:
+                        runpy.run_module(module, run_name="__main__", alter_sys=True)
+                    else:
+                        runpy.run_path(path, run_name="__main__")
             except SystemExit as stop:
                 if stop.code is None:
                     code = 0
@@ -100,7 +100,6 @@ def _run(module: str, path: str | None, args, cwd, env) -> subprocess.CompletedP
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
-                sys.modules.update(imported)
     finally:
         argv_before, cwd_before, env_before, threads, logs, handlers = saved
         sys.argv = argv_before
