@@ -111,15 +111,14 @@ def test_tables_written_from_fixture_and_speedup_joins_rows_on_fields(tmp_path):
     assert r"\begin{tabular}" in latex and r"\toprule" in latex and "mt\\_bench" in latex
     # independent join: mtad vs the lossless speculative run with the same pair/task/prompts/budget/hardware
     rows = _quick_rows(_rows())
+    df = prepare(load_frame(FIXTURE))
     for task in ("gsm8k", "humaneval", "mt_bench"):
         m = next(r for r in rows if r["decoder"]["name"] == "mtad" and r["task"]["name"] == task)
         s = next(r for r in rows if r["decoder"]["name"] == "speculative" and r["task"]["name"] == task)
         expected = s["metrics"]["ms_per_token"] / m["metrics"]["ms_per_token"]
-        df = prepare(load_frame(FIXTURE))
         got = df[(df.variant.str.startswith("mtad (gamma=4, beam_width=4, tau=0.5)")) & (df.task == task)]
         assert got.speedup.iloc[0] == pytest.approx(expected)
     # the joined figure is what the markdown shows for that row
-    df = prepare(load_frame(FIXTURE))
     row = df[(df.variant == "mtad (gamma=4, beam_width=4, tau=0.5)") & (df.task == "gsm8k")].iloc[0]
     # the fixture has no run directories and no forward counts: a point estimate (†), no prediction
     assert f"| 2 | {row.ms_per_token:.1f} | — | {row.speedup:.2f}×† |" in text
@@ -225,7 +224,7 @@ def test_controls_preset_renders_intervals_and_the_threshold_control(tmp_path):
     """quick_controls with 5 prompts of 6 tokens: sampling at several T/top-p, mtad and threshold speculative
     at several tau, each comparison with its paired interval and n."""
     args = [f"results_dir={tmp_path}", "task.n_prompts=5", "decoder.max_new_tokens=6", "warmup=0"]
-    s = reproduce.reproduce("quick_controls", args, progress=False)
+    s = reproduce.reproduce("quick_controls", args, progress=False, cost_profile=False)  # profile: the test above
     assert (s.ran, s.failed) == (12, [])
     md = (tmp_path / "tables" / "quick_controls.md").read_text()
     for label in ("sampling (temperature=0.5, top_p=0.9)", "sampling (temperature=1, top_p=0.7)",
@@ -256,13 +255,13 @@ def test_interleaved_grid_gives_the_rows_of_separate_runs(tmp_path):
     seeded = reproduce.interleave_groups(reproduce.grid("quick", [*args, "seed=0,1", "task=gsm8k"]))
     assert [len(g) for g in seeded] == [7, 7]
     args.append("task=mt_bench")
-    s = reproduce.reproduce("quick", args, progress=False)
+    s = reproduce.reproduce("quick", args, progress=False, cost_profile=False)  # the profile: the test above
     assert (s.ran, s.skipped, s.failed) == (7, 0, [])
     alone = [f"results_dir={tmp_path / 'alone'}", *args[1:]]
-    assert reproduce.reproduce("quick", alone, progress=False, interleave=False).ran == 7
+    assert reproduce.reproduce("quick", alone, progress=False, interleave=False, cost_profile=False).ran == 7
     inter = _outputs_by_hash(tmp_path / "inter" / "quick.jsonl")
     assert inter == _outputs_by_hash(tmp_path / "alone" / "quick.jsonl") and len(inter) == 7
-    again = reproduce.reproduce("quick", args, progress=False)
+    again = reproduce.reproduce("quick", args, progress=False, cost_profile=False)
     assert (again.ran, again.skipped) == (0, 7)
 
 
