@@ -186,16 +186,17 @@ def test_empty_results_are_a_clear_error():
 
 
 # ------------------------------------------------------------------------------------------- end to end
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def _short_cost_profile(monkeypatch):
-    """The sweeps below measure the tiny pair's cost profile into their fresh results folders: its rounds,
-    without the 10-second floor per model that steadies real figures (tests/measure/test_costmodel.py keeps it:
-    there the figures are compared with measured decodes; here only their presence is checked)."""
+    """A sweep that measures the tiny pair's cost profile into its fresh results folder: its rounds, without the
+    10-second floor per model that steadies real figures (tests/measure/test_costmodel.py keeps it, where the
+    figures are compared with measured decodes, and so do the slow sweeps; here only their presence is checked)."""
     from mtad.measure import costmodel
 
     monkeypatch.setattr(costmodel, "MIN_SECONDS", 0.0)
 
 
+@pytest.mark.usefixtures("_short_cost_profile")
 def test_quick_profile_runs_renders_and_resumes(tmp_path, capsys):
     """The whole quick grid (7 decoders x 3 tasks) with 1 prompt of 6 tokens, then a second invocation
     through the CLI entry point that runs nothing new."""
