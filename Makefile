@@ -7,7 +7,7 @@ PROFILE ?= cpu
 ARGS   ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all run sweep reproduce-table publish bench bench-batch bench-core lint train-draft gpu-check slurm-check clean
+.PHONY: help setup test test-slow test-all run sweep reproduce-table publish bench bench-batch bench-core lint train-draft gpu-check slurm-check clean
 
 help:  ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}'
@@ -25,6 +25,9 @@ setup: $(STAMP)  ## create .venv with the exact pins (torch 2.13.0 CPU build, ll
 
 test: $(STAMP)  ## run the default test suite (CPU; no slow/gpu tests; includes a short real-pair smoke test)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q $(ARGS)
+
+test-slow: $(STAMP)  ## the slow tests the default suite leaves out (CPU: real-pair runs, child processes, long grids)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "slow and not gpu" $(ARGS)
 
 test-all: $(STAMP)  ## every test, slow ones included (GPU tests skip without CUDA)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "" $(ARGS)

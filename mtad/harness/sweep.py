@@ -177,17 +177,23 @@ def reproduce(experiment: str, overrides: Sequence[str] = (), tables_dir: str | 
     (:func:`mtad.harness.runner.run_interleaved`): drift of the machine falls on every decoder alike, so the
     table's speed ratios are paired; the rows and their hashes are those of separate runs."""
     jobs = grid(experiment, overrides)
+    composed: dict[tuple, object] = {}
 
-    first = compose_job(jobs[0])
+    def compose(job: Sequence[str]):  # each job composed once (Hydra takes ~0.3 s a config), grouped and run
+        if tuple(job) not in composed:
+            composed[tuple(job)] = compose_job(job)
+        return composed[tuple(job)]
+
+    first = compose(jobs[0])
     name = experiment_name(first)  # `name=X` among the overrides renames the results file and the tables
     results_file = Path(first.results_dir) / f"{name}.jsonl"
     summary = Summary(experiment=name, results_file=results_file)
     if run_grid:
         bar = _bar(len(jobs), summary.experiment, progress)
-        for group in (interleave_groups(jobs) if interleave else [[job] for job in jobs]):
+        for group in (interleave_groups(jobs, compose) if interleave else [[job] for job in jobs]):
             bar.set_postfix_str(" | ".join(_label(job, overrides) for job in group), refresh=True)
             check_disk(results_file.parent, summary)
-            _run_group(group, summary, results_file)
+            _run_group(group, summary, results_file, compose)
             bar.update(len(group))
             _stop_if_hopeless(summary)
         bar.close()
@@ -249,31 +255,31 @@ def _stop_if_hopeless(summary: Summary) -> None:
                          "fix that and rerun (runs already recorded are kept and skipped)")
 
 
-def interleave_groups(jobs: Sequence[Sequence[str]]) -> list[list[Sequence[str]]]:
+def interleave_groups(jobs: Sequence[Sequence[str]], compose=compose_job) -> list[list[Sequence[str]]]:
     """The jobs grouped by their resolved config without the decoder (one pair, one task and prompt set, one
-    seed), in grid order: each group can be decoded interleaved."""
+    seed), in grid order: each group can be decoded interleaved. ``compose``: a job's composed config."""
     groups: dict[str, list] = {}
     for job in jobs:
-        plain = OmegaConf.to_container(compose_job(job), resolve=True)
+        plain = OmegaConf.to_container(compose(job), resolve=True)
         plain.pop("decoder", None)
         plain.pop("hydra", None)
         groups.setdefault(json.dumps(plain, sort_keys=True, default=str), []).append(job)
     return list(groups.values())
 
 
-def _run_group(group: Sequence[Sequence[str]], summary: Summary, results_file: Path) -> None:
+def _run_group(group: Sequence[Sequence[str]], summary: Summary, results_file: Path, compose=compose_job) -> None:
     """Run one group interleaved (a single job alone); when the group fails, each job runs alone, so a bad
     config is reported as its own failure and the others still get their rows."""
     if len(group) == 1:
-        return _run_one(run, group[0], summary)
+        return _run_one(run, group[0], summary, compose)
     before = len(existing_hashes(results_file))
     try:
-        run_interleaved([compose_job(job) for job in group])
+        run_interleaved([compose(job) for job in group])
     except (ValueError, FileNotFoundError, OSError, RuntimeError, ImportError) as err:
         log.warning("interleaved runs of %d configs failed (%s: %s); running each alone",
                     len(group), type(err).__name__, err)
         for job in group:
-            _run_one(run, job, summary)
+            _run_one(run, job, summary, compose)
             _stop_if_hopeless(summary)
         return
     ran = len(existing_hashes(results_file)) - before
@@ -281,9 +287,9 @@ def _run_group(group: Sequence[Sequence[str]], summary: Summary, results_file: P
     summary.skipped += len(group) - ran
 
 
-def _run_one(run, job: Sequence[str], summary: Summary) -> None:
+def _run_one(run, job: Sequence[str], summary: Summary, compose=compose_job) -> None:
     try:
-        row = run(compose_job(job))
+        row = run(compose(job))
     except (ValueError, FileNotFoundError, OSError, RuntimeError, ImportError) as err:
         log.error("run %s failed: %s: %s", " ".join(job), type(err).__name__, err)
         summary.failed.append((list(job), f"{type(err).__name__}: {err}"))

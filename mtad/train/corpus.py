@@ -5,6 +5,7 @@ docstring as HumanEval-like prompts). No evaluation prompt is read here: the hel
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import logging
 import random
@@ -131,12 +132,17 @@ def _alpaca_prompt(instruction: str, inp: str) -> str:
 
 def stdlib_files() -> list[Path]:
     """Python sources shipped with the interpreter, without test suites and demos."""
+    return list(_stdlib_files())
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_files() -> tuple[Path, ...]:  # the interpreter's own files: walked once per process
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo", "__pycache__"}
     files = sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
     if not files:
         raise FileNotFoundError(f"no Python sources under {root}")
-    return files
+    return tuple(files)
 
 
 def function_heads(source: str, max_lines: int = 30) -> list[str]:

@@ -14,8 +14,6 @@ import dataclasses
 import functools
 import json
 import math
-import os
-import subprocess
 import sys
 from itertools import product
 
@@ -423,10 +421,10 @@ def test_ngram_with_other_decoders_is_refused(name):
 def test_cli_bad_proposer_exits_2_without_a_row(tmp_path):
     data = tmp_path / "p.jsonl"
     data.write_text(json.dumps({"id": "p0", "prompt": "say hi", "answer": "hi"}) + "\n")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}
-    out = subprocess.run([sys.executable, "-m", "mtad", "model=tiny", "task=jsonl", f"task.data_file={data}",
-                          f"results_dir={tmp_path / 'res'}", "name=bad", "warmup=0", "decoder=mmtad",
-                          "decoder.proposer=ngram"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    from inprocess import run_module  # python -m mtad in this process
+
+    out = run_module("mtad", "model=tiny", "task=jsonl", f"task.data_file={data}", f"results_dir={tmp_path / 'res'}",
+                     "name=bad", "warmup=0", "decoder=mmtad", "decoder.proposer=ngram", cwd=tmp_path)
     assert out.returncode == 2, out.stderr[-2000:]
     errors = [x for x in out.stderr.splitlines() if x.startswith("mtad: error:")]
     assert len(errors) == 1 and "decoder.proposer='ngram'" in errors[0] and "'draft'" in errors[0], out.stderr[-2000:]

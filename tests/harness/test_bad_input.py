@@ -1,7 +1,8 @@
 """Nothing lost, nothing deleted that the run did not create.
 
-Each test names the issue item it covers. CLI runs use a subprocess with ``cwd`` in a tmp dir and
-``PYTHONPATH`` on this checkout; the rest runs in-process on ``model=tiny``.
+Each test names the issue item it covers. CLI runs (``python -m mtad``) start from a tmp dir, in this process
+(:mod:`inprocess`) unless they need a process of their own (a mount namespace, two runs at once); the rest runs
+in-process on ``model=tiny``.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from inprocess import run_module
 
 from mtad._util.paths import REPO_ROOT
 from mtad.harness.config import register_configs
@@ -52,6 +54,10 @@ def _env(**extra: str) -> dict:
 
 
 def _cli(cwd: Path, *args: str, prefix: tuple = ()) -> subprocess.CompletedProcess:
+    """``python -m mtad args`` from ``cwd``: in this process (:mod:`inprocess`), or, under a ``prefix`` (a mount
+    namespace), in a child process."""
+    if not prefix:
+        return run_module("mtad", *args, cwd=cwd, env={"WANDB_MODE": "disabled"})
     return subprocess.run([*prefix, sys.executable, "-m", "mtad", *args], cwd=cwd, env=_env(),
                           capture_output=True, text=True, timeout=300)
 

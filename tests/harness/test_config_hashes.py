@@ -9,8 +9,10 @@ files). The rows were measured by ``make reproduce-table PROFILE=<p>`` with no `
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -43,22 +45,40 @@ needs_data = pytest.mark.usefixtures("real_data_dir")  # published rows hash the
 
 def profile_jobs(profile: str, overrides: list[str]) -> list[list[str]]:
     """The runs of ``--profile <profile> --list <overrides>``, each a list of overrides."""
+    return [list(job) for job in _profile_jobs(profile, tuple(overrides))]
+
+
+@functools.lru_cache(maxsize=None)
+def _profile_jobs(profile: str, overrides: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert sweep.main(["--profile", profile, "--list", *overrides]) == 0
-    return [line.split() for line in out.getvalue().splitlines()]
+    return tuple(tuple(line.split()) for line in out.getvalue().splitlines())
+
+
+def resolved(job: list[str]) -> dict:
+    """The job's composed and resolved config (a copy: the files share their profiles' jobs, composed once)."""
+    return json.loads(_resolved(tuple(job)))
+
+
+@functools.lru_cache(maxsize=None)
+def _resolved(job: tuple[str, ...]) -> str:
+    return json.dumps(OmegaConf.to_container(sweep.compose_job(list(job)), resolve=True))
+
+
+_DATA: dict = {}  # (data folder, task config) -> (data fingerprint, resolved source), shared by the tests
 
 
 def run_hash(job: list[str], draft: list[str], data: dict, resolve_source: bool = True) -> str:
     """The runner's config hash of the job, with the draft's weight files pinned to ``draft``."""
-    cfg = OmegaConf.to_container(sweep.compose_job(job), resolve=True)
+    cfg = resolved(job)
     # the runner fingerprints local target and draft directories: the embedded pair has only a local draft
     assert set(weights_fingerprint(ModelConfig(**cfg["model"]))) == {"draft"}, job
-    key = json.dumps(cfg["task"], sort_keys=True)
-    if key not in data:
+    key = (os.environ.get("MTAD_DATA_DIR"), json.dumps(cfg["task"], sort_keys=True))
+    if key not in _DATA:
         task = get_task(TaskConfig.from_any(cfg["task"]))
-        data[key] = task.data_fingerprint(), task.resolved_source()
-    fingerprint, source = data[key]
+        _DATA[key] = task.data_fingerprint(), task.resolved_source()
+    fingerprint, source = data[key] = _DATA[key]
     # the runner hashes task.source as the route it took (task.source=auto -> local here)
     task = {**cfg["task"], "source": source if resolve_source else cfg["task"]["source"]}
     # a draft-free proposer runs without the pair's draft: no draft weights in its hash
@@ -97,7 +117,7 @@ def test_published_rows_hash_into_their_profiles_grid(path: Path):
     # negative controls: one setting changed, and that run is not done; task.source=auto hashed as written
     # (not as the route it took) would make every published row look undone
     assert run_hash([*jobs[0], "task.n_prompts=29"], DRAFT[path.stem], data) not in published
-    assert sweep.compose_job(jobs[0]).task.source == "auto"
+    assert resolved(jobs[0])["task"]["source"] == "auto"
     assert not published & {run_hash(job, DRAFT[path.stem], data, resolve_source=False) for job in jobs}
 
 
@@ -149,7 +169,7 @@ def test_published_grids_set_only_keys_their_decoders_read(profile):
     jobs = profile_jobs(profile, [])
     assert jobs
     for job in jobs:
-        check_keys(DecoderConfig.from_any(OmegaConf.to_container(sweep.compose_job(job), resolve=True)["decoder"]))
+        check_keys(DecoderConfig.from_any(resolved(job)["decoder"]))
 
 
 def script_jobs(stem: str) -> list[list[str]]:

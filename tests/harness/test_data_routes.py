@@ -3,13 +3,11 @@ records and hashes the route it took, and with no route the CLI stops with one l
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from inprocess import run_module
 
 from mtad._util.paths import REPO_ROOT
 from mtad.harness.config import register_configs
@@ -56,10 +54,9 @@ def test_hub_route_run_records_and_hashes_its_route(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("data_dir", ["/nonexistent", None])
 def test_no_data_by_any_route_is_one_error_line(tmp_path, data_dir):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT),
-           "MTAD_DATA_DIR": data_dir or str(tmp_path / "empty"), "WANDB_MODE": "disabled"}
-    out = subprocess.run([sys.executable, "-m", "mtad", *RUN, f"results_dir={tmp_path / 'res'}"], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=300)
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "MTAD_DATA_DIR": data_dir or str(tmp_path / "empty"),
+           "WANDB_MODE": "disabled"}
+    out = run_module("mtad", *RUN, f"results_dir={tmp_path / 'res'}", cwd=tmp_path, env=env)  # in this process
     errors = [line for line in out.stderr.splitlines() if line.startswith("mtad: error:")]
     assert out.returncode == 2 and len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
     for route in ("local: ", "/gsm8k/test.jsonl not found", "hub: load_dataset('openai/gsm8k', 'main',",

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from inprocess import run_script
 
 from mtad._util.paths import REPO_ROOT
 
@@ -45,8 +46,8 @@ def test_summary_finds_the_resolved_pairs_rows(tmp_path, stored):
     name = _rows_module().resolved_name("smollm2", "cpu") if stored == "resolved" else "smollm2_token"
     path = tmp_path / "gpu_check.jsonl"
     path.write_text("".join(json.dumps(_row(name, d, t)) + "\n" for d in ("greedy", "mtad") for t in ("gsm8k",)))
-    out = subprocess.run([sys.executable, str(SCRIPT), str(path), "cpu", "greedy,mtad", "gsm8k", "smollm2"],
-                         capture_output=True, text=True, cwd=REPO_ROOT)
+    # in this process (:mod:`inprocess`); the CPU dry run below and .ci/run run the script in its own
+    out = run_script(SCRIPT, str(path), "cpu", "greedy,mtad", "gsm8k", "smollm2", cwd=REPO_ROOT)
     if stored == "resolved":
         assert out.returncode == 0, out.stderr
         assert f"2 cpu rows of {name} for every decoder x task" in out.stdout

@@ -22,6 +22,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import lm_eval
 import pytest
 import torch
+from inprocess import run_module
 from lm_eval.api.registry import get_model
 from lm_eval.tasks import TaskManager
 
@@ -170,12 +171,13 @@ def test_bad_model_args_fail_clearly(args, error, match):
 
 
 def test_command_line(tmp_path):
+    """``python -m mtad.harness.lm_eval_backend <lm_eval arguments>`` in this process (:mod:`inprocess`); the
+    control needs an interpreter of its own (one that never imported this module)."""
     path = [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(path))
-    cmd = [sys.executable, "-m", "mtad.harness.lm_eval_backend", "--model", "mtad", "--model_args",
-           "pair=tiny,decoder=mtad", "--tasks", "tiny_gen", "--include_path", str(TASKS), "--device", "cpu",
-           "--limit", "2", "--output_path", str(tmp_path)]
-    proc = subprocess.run(cmd, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_module("mtad.harness.lm_eval_backend", "--model", "mtad", "--model_args", "pair=tiny,decoder=mtad",
+                      "--tasks", "tiny_gen", "--include_path", str(TASKS), "--device", "cpu", "--limit", "2",
+                      "--output_path", str(tmp_path), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (result_file,) = tmp_path.glob("*/results_*.json")
     result = json.loads(result_file.read_text())

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from inprocess import run_module
 
 from mtad._util.paths import REPO_ROOT
 
@@ -23,8 +24,8 @@ def _env(**extra: str) -> dict:
 
 
 def _run(module: str, *args: str, cwd: Path = REPO_ROOT, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=_env(**env), capture_output=True,
-                          text=True, timeout=300)
+    """``python -m module args`` from ``cwd``, in this process (:mod:`inprocess`)."""
+    return run_module(module, *args, cwd=cwd, env={"WANDB_MODE": "disabled", **env})
 
 
 def _one_line(out: subprocess.CompletedProcess, prefix: str) -> str:
@@ -136,7 +137,7 @@ def test_sweep_stops_in_one_line_when_the_disk_fills_between_jobs(tmp_path, monk
     from mtad.harness import sweep
 
     calls = []
-    monkeypatch.setattr(sweep, "_run_group", lambda group, summary, results_file: calls.append(group))
+    monkeypatch.setattr(sweep, "_run_group", lambda group, summary, *rest: calls.append(group))
     free = iter([10_000.0, 5.0])
     monkeypatch.setattr(sweep, "free_mb", lambda path: next(free))
     code = sweep.main(["--experiment", "quick", "--no-progress", "--no-cost-profile", "--no-interleave",

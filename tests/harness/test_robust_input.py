@@ -1,7 +1,8 @@
 """Issue 21, items 2-6: results go where the user points, values are checked before work, one row never ends a
 run, and every error names its file or key (one ``mtad: error:`` line, exit 2; Ctrl-C: one line, exit 130).
 
-In-process on ``model=tiny`` where possible; the CLI cases run ``python -m mtad`` in a subprocess.
+In-process on ``model=tiny`` where possible; the CLI cases run ``python -m mtad`` in this process too
+(:mod:`inprocess`), but for the full disk, which needs a mount namespace of its own (a child process).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from inprocess import run_module
 
 from mtad._util.paths import REPO_ROOT
 from mtad.harness import store
@@ -56,11 +58,15 @@ def _guard_exit(tmp_path: Path, data_file: Path, capsys, *overrides: str) -> lis
     return [line for line in capsys.readouterr().err.splitlines() if line]
 
 
-def _cli(cwd: Path, *args: str, prefix: tuple = (), code: str | None = None) -> subprocess.CompletedProcess:
+def _cli(cwd: Path, *args: str, prefix: tuple = ()) -> subprocess.CompletedProcess:
+    """``python -m mtad args`` from ``cwd``: in this process (:mod:`inprocess`), or, under a ``prefix`` (a mount
+    namespace), in a child process."""
+    if not prefix:
+        return run_module("mtad", *args, cwd=cwd, env={"WANDB_MODE": "disabled"})
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO_ROOT)}
-    head = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "mtad", *args]
-    return subprocess.run([*prefix, *head], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([*prefix, sys.executable, "-m", "mtad", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
 
 
 def _tree(root: Path) -> list[str]:
@@ -276,13 +282,14 @@ def test_a_cache_dir_that_is_a_file_names_the_variable(tmp_path, monkeypatch):
     assert cache_dir() == tmp_path / "new"  # control: a folder yet to be made is fine
 
 
-INTERRUPT = ("import runpy, sys, mtad.harness.runner as r\n"  # python -m mtad, with a run that Ctrl-C stops
-             "def stop(cfg):\n    raise KeyboardInterrupt\n"
-             "r.run = stop\nsys.argv = ['mtad', *sys.argv[1:]]\nrunpy.run_module('mtad', run_name='__main__')\n")
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path, data_file, monkeypatch):
+    import mtad.harness.runner as runner
 
+    def stop(cfg):  # python -m mtad, with a run that Ctrl-C stops
+        raise KeyboardInterrupt
 
-def test_ctrl_c_is_one_line_and_exit_130(tmp_path, data_file):
-    out = _cli(tmp_path, *TINY, f"task.data_file={data_file}", "results_dir=res", code=INTERRUPT)
+    monkeypatch.setattr(runner, "run", stop)
+    out = _cli(tmp_path, *TINY, f"task.data_file={data_file}", "results_dir=res")
     assert out.returncode == 130 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert [line for line in out.stderr.splitlines() if line.startswith("mtad:")] == [
         "mtad: interrupted: no row was written for the run in progress (rows already appended stay)"]

@@ -1,16 +1,16 @@
 """The experiment harness end to end on ``model=tiny`` (issue: harness). Runs in-process through Hydra's
-``compose`` + :func:`mtad.harness.runner.run`, and through the CLI (``python -m mtad``) where exit codes matter."""
+``compose`` + :func:`mtad.harness.runner.run`, and through the CLI (``python -m mtad``, in this process) where
+exit codes matter."""
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from inprocess import run_module
 
 from mtad._util.paths import REPO_ROOT
 from mtad.harness.config import register_configs
@@ -29,10 +29,8 @@ def _cfg(tmp_path: Path, data_file: Path, *extra: str):
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true",
-           "PYTHONPATH": str(REPO_ROOT)}  # cwd is tmp_path: import this checkout's mtad
-    return subprocess.run([sys.executable, "-m", "mtad", *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
+    """``python -m mtad args`` from ``tmp_path``, in this process (:mod:`inprocess`)."""
+    return run_module("mtad", *args, cwd=tmp_path, env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
 
 
 def test_end_to_end_writes_samples_and_one_complete_row(tmp_path, data_file):

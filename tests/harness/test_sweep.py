@@ -111,15 +111,14 @@ def test_tables_written_from_fixture_and_speedup_joins_rows_on_fields(tmp_path):
     assert r"\begin{tabular}" in latex and r"\toprule" in latex and "mt\\_bench" in latex
     # independent join: mtad vs the lossless speculative run with the same pair/task/prompts/budget/hardware
     rows = _quick_rows(_rows())
+    df = prepare(load_frame(FIXTURE))
     for task in ("gsm8k", "humaneval", "mt_bench"):
         m = next(r for r in rows if r["decoder"]["name"] == "mtad" and r["task"]["name"] == task)
         s = next(r for r in rows if r["decoder"]["name"] == "speculative" and r["task"]["name"] == task)
         expected = s["metrics"]["ms_per_token"] / m["metrics"]["ms_per_token"]
-        df = prepare(load_frame(FIXTURE))
         got = df[(df.variant.str.startswith("mtad (gamma=4, beam_width=4, tau=0.5)")) & (df.task == task)]
         assert got.speedup.iloc[0] == pytest.approx(expected)
     # the joined figure is what the markdown shows for that row
-    df = prepare(load_frame(FIXTURE))
     row = df[(df.variant == "mtad (gamma=4, beam_width=4, tau=0.5)") & (df.task == "gsm8k")].iloc[0]
     # the fixture has no run directories and no forward counts: a point estimate (†), no prediction
     assert f"| 2 | {row.ms_per_token:.1f} | — | {row.speedup:.2f}×† |" in text
@@ -187,6 +186,17 @@ def test_empty_results_are_a_clear_error():
 
 
 # ------------------------------------------------------------------------------------------- end to end
+@pytest.fixture
+def _short_cost_profile(monkeypatch):
+    """A sweep that measures the tiny pair's cost profile into its fresh results folder: its rounds, without the
+    10-second floor per model that steadies real figures (tests/measure/test_costmodel.py keeps it, where the
+    figures are compared with measured decodes, and so do the slow sweeps; here only their presence is checked)."""
+    from mtad.measure import costmodel
+
+    monkeypatch.setattr(costmodel, "MIN_SECONDS", 0.0)
+
+
+@pytest.mark.usefixtures("_short_cost_profile")
 def test_quick_profile_runs_renders_and_resumes(tmp_path, capsys):
     """The whole quick grid (7 decoders x 3 tasks) with 1 prompt of 6 tokens, then a second invocation
     through the CLI entry point that runs nothing new."""
@@ -215,7 +225,7 @@ def test_controls_preset_renders_intervals_and_the_threshold_control(tmp_path):
     """quick_controls with 5 prompts of 6 tokens: sampling at several T/top-p, mtad and threshold speculative
     at several tau, each comparison with its paired interval and n."""
     args = [f"results_dir={tmp_path}", "task.n_prompts=5", "decoder.max_new_tokens=6", "warmup=0"]
-    s = reproduce.reproduce("quick_controls", args, progress=False)
+    s = reproduce.reproduce("quick_controls", args, progress=False, cost_profile=False)  # profile: the test above
     assert (s.ran, s.failed) == (12, [])
     md = (tmp_path / "tables" / "quick_controls.md").read_text()
     for label in ("sampling (temperature=0.5, top_p=0.9)", "sampling (temperature=1, top_p=0.7)",
@@ -246,13 +256,13 @@ def test_interleaved_grid_gives_the_rows_of_separate_runs(tmp_path):
     seeded = reproduce.interleave_groups(reproduce.grid("quick", [*args, "seed=0,1", "task=gsm8k"]))
     assert [len(g) for g in seeded] == [7, 7]
     args.append("task=mt_bench")
-    s = reproduce.reproduce("quick", args, progress=False)
+    s = reproduce.reproduce("quick", args, progress=False, cost_profile=False)  # the profile: the test above
     assert (s.ran, s.skipped, s.failed) == (7, 0, [])
     alone = [f"results_dir={tmp_path / 'alone'}", *args[1:]]
-    assert reproduce.reproduce("quick", alone, progress=False, interleave=False).ran == 7
+    assert reproduce.reproduce("quick", alone, progress=False, interleave=False, cost_profile=False).ran == 7
     inter = _outputs_by_hash(tmp_path / "inter" / "quick.jsonl")
     assert inter == _outputs_by_hash(tmp_path / "alone" / "quick.jsonl") and len(inter) == 7
-    again = reproduce.reproduce("quick", args, progress=False)
+    again = reproduce.reproduce("quick", args, progress=False, cost_profile=False)
     assert (again.ran, again.skipped) == (0, 7)
 
 
@@ -264,6 +274,7 @@ def test_full_quick_profile(tmp_path):
     assert (tmp_path / "tables" / "quick.md").is_file()
 
 
+@pytest.mark.slow  # three interpreters (the sweep and its two submitit jobs): make test-slow, .ci/run
 def test_submitit_local_launcher_and_in_process_route_share_config_hashes(tmp_path):
     """A 1x2 grid through ``hydra/launcher=local`` (submitit subprocesses); the in-process reproduce route
     then recognises both rows (same config hashes) and runs nothing."""

@@ -190,13 +190,14 @@ def test_feature_draft_reads_the_target_and_a_scrambled_one_does_not(pair, featu
 
 def test_feature_draft_decodes_through_the_link_and_a_scrambled_one_is_rejected(pair, feature_draft):
     """End to end through ``Session.link`` on the real pair: T = 0 stays greedy; speculative sampling (γ = 4)
-    accepts the trained feature draft's tokens far more often than the scrambled control's."""
+    accepts the trained feature draft's tokens far more often than the scrambled control's (32 tokens, seed 0:
+    0.30 against 0.0 at the time of writing)."""
     ids = _prompt(pair, PROMPTS["gsm8k"])
     rates = {}
     for label, draft in (("trained", feature_draft), ("scrambled", _scrambled_feature(feature_draft))):
         p = copy.copy(pair)
         p.draft = draft
-        r = mtad.generate(p, ids, {"name": "speculative", "max_new_tokens": 64, "gamma": 4},
+        r = mtad.generate(p, ids, {"name": "speculative", "max_new_tokens": 32, "gamma": 4},
                           torch.Generator().manual_seed(0))
         rates[label] = r.acceptance_rate
     assert rates["trained"] > 0.05 and rates["scrambled"] < rates["trained"] / 3, rates

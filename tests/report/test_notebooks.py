@@ -72,6 +72,7 @@ def test_analysis_notebook_copes_with_missing_columns(tmp_path, monkeypatch):
         assert f"note: no {plot} plot" in text
 
 
+@pytest.mark.slow  # jupyter-execute and its kernel, on the notebooks the tests above run: make test-slow, .ci/run
 @pytest.mark.parametrize("name", ["analysis", "ablations"])
 def test_the_notebooks_run_instruction_works_as_written(tmp_path, name):
     """The header's command (``MTAD_RESULTS=... MTAD_TABLES=... .venv/bin/jupyter-execute notebooks/...``), run

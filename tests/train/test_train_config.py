@@ -13,6 +13,7 @@ from dataclasses import asdict, fields, replace
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, HydraException
+from inprocess import run_module
 from omegaconf import OmegaConf
 
 from mtad._util.paths import REPO_ROOT
@@ -127,7 +128,8 @@ def test_the_entry_points_find_the_config(tmp_path):
     out = _cli("mtad.train", "--cfg", "job", "max_minutes=1", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "recipe: feature_cache" in out.stdout and "max_minutes: 1" in out.stdout
-    old = _cli("mtad.train.trainer", "--cfg", "job", "recipe=token_cache", cwd=tmp_path)
+    # the old name and a bad recipe in this process (:mod:`inprocess`), from the same directory
+    old = run_module("mtad.train.trainer", "--cfg", "job", "recipe=token_cache", cwd=tmp_path)
     assert old.returncode == 0 and "recipe: token_cache" in old.stdout, old.stderr
-    bad = _cli("mtad.train", "--cfg", "job", "recipe=nope", cwd=tmp_path)
+    bad = run_module("mtad.train", "--cfg", "job", "recipe=nope", cwd=tmp_path)
     assert bad.returncode != 0 and "recipe/nope" in bad.stderr

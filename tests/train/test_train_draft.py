@@ -20,6 +20,25 @@ from mtad.train.student import build_student, trainable_state
 from mtad.train.teacher import sample_topk, teacher_features
 from mtad.train.trainer import Trainer
 
+_SOURCE_IDS: dict = {}  # (tokenizer, standard-library file) -> token ids, shared by the trainers of this module
+
+
+@pytest.fixture(autouse=True)
+def _tokenize_each_stdlib_file_once(monkeypatch):
+    """The trainers here read the same standard-library files with the same tiny tokenizer (a reduced head counts
+    token frequencies over 400 of them): each file is tokenized once for the module, not once per trainer."""
+    ids = Corpus.ids
+
+    def shared(self, source: str, i: int) -> list[int]:
+        if source != "python":
+            return ids(self, source, i)
+        key = (type(self.tok).__name__, len(self.tok), self.docs(source)[i])
+        if key not in _SOURCE_IDS:
+            _SOURCE_IDS[key] = ids(self, source, i)
+        return _SOURCE_IDS[key]
+
+    monkeypatch.setattr(Corpus, "ids", shared)
+
 
 @pytest.fixture()
 def data_dir(tmp_path) -> Path:
