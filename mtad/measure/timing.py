@@ -23,7 +23,7 @@ import torch
 
 from mtad.decoding import generate
 from mtad.decoding.kv import Session, Stats
-from mtad.models.feature_draft import timing_session
+from mtad.models.feature_draft import ZeroSource, timing_session
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
@@ -176,6 +176,8 @@ def time_rows(model, role: str, rows: int, new: int, context: int, tokens: Seque
     ctx, step = cycle(tokens, 0, context), cycle(tokens, context, new)
     session = Session(model, [Stats() for _ in range(rows)], role)
     device = model.get_input_embeddings().weight.device
+    if getattr(model, "reads_target_features", False):  # a feature draft timed alone: zero features per row
+        session.link(ZeroSource(model.config.hidden_size, device, rows))
     times, start, r = [], time.perf_counter(), 0
     with torch.inference_mode():
         session.forward([ctx] * rows)

@@ -99,26 +99,33 @@ class FeatureDraft(LlamaForCausalLM):
 
 class ZeroSource:
     """A stand-in for the target's Session when a feature draft is timed alone (``mtad.measure.costmodel``, the
-    benchmark's step costs): it "computes" every position of its one row with a zero feature, so the draft runs
-    exactly the tensor operations of a decode (its inputs just carry no information)."""
+    benchmark's step costs): it "computes" every position of its ``rows`` rows with a zero feature, so the draft
+    runs exactly the tensor operations of a decode (its inputs just carry no information). Rows are
+    right-aligned in ``feats`` like a Session's."""
 
-    def __init__(self, hidden: int, device):
-        self.ids: list[list[int]] = [[]]
-        self.row = [0]
+    def __init__(self, hidden: int, device, rows: int = 1):
+        self.ids: list[list[int]] = [[] for _ in range(rows)]
+        self.row = list(range(rows))
         self.hidden, self.device = hidden, device
-        self.feats = torch.zeros(1, 0, hidden, device=device)
+        self.feats = torch.zeros(rows, 0, hidden, device=device)
 
     def _base(self, i: int) -> int:
-        return 0  # its one row starts at slot 0
+        return self.feats.shape[1] - len(self.ids[i])  # row i's position 0
+
+    def _zeros(self) -> None:
+        width = max((len(ids) for ids in self.ids), default=0)
+        self.feats = torch.zeros(len(self.ids), width, self.hidden, device=self.device)
 
     def sync(self, tokens: list[list[int]]) -> list[list[int]]:
-        del self.ids[0][max(len(tokens[0]) - 1, 0):]
-        self.feats = self.feats[:, :len(self.ids[0])]
-        return [tokens[0][len(self.ids[0]):]]
+        for ids, t in zip(self.ids, tokens):
+            del ids[max(len(t) - 1, 0):]
+        self._zeros()
+        return [t[len(ids):] for ids, t in zip(self.ids, tokens)]
 
     def forward(self, new: list[list[int]], keep: int = 1) -> None:
-        self.ids[0].extend(new[0])
-        self.feats = torch.zeros(1, len(self.ids[0]), self.hidden, device=self.device)
+        for ids, b in zip(self.ids, new):
+            ids.extend(b)
+        self._zeros()
 
 
 def timing_session(model, stats, role: str):

@@ -165,3 +165,21 @@ def test_cpu_time_leaves_out_waiting_that_wall_time_counts(tiny_llama, monkeypat
     assert set(r.call_cpu_s) == set(r.calls) and 0 < sum(r.call_cpu_s.values()) <= r.cpu_time_s
     target_cpu = sum(v for k, v in r.call_cpu_s.items() if k.startswith("target"))
     assert target_cpu < 0.5 * waited  # the target's forwards waited 20 ms each, on no CPU
+
+
+def test_time_rows_times_a_feature_draft_at_every_width():
+    """A feature draft timed alone at batch width > 1 reads zero features for every row (a multi-row stand-in
+    for the target), as a batched decode's draft step does; control: the same draft with no stand-in is refused."""
+    import pytest
+
+    from mtad.decoding.kv import Session, Stats
+    from mtad.measure.timing import time_rows
+    from tests.decoding.test_batch import feature_draft
+    from tests.tinymodels import model as tiny_model
+
+    draft = feature_draft(tiny_model("llama", 0))
+    for rows in (1, 4):
+        assert time_rows(draft, "draft", rows, 1, 12, [t % 30 + 2 for t in range(40)], reps=2) > 0
+    bare = Session(draft, [Stats() for _ in range(2)], "draft")
+    with pytest.raises(ValueError, match="feature draft"):
+        bare.forward([[5, 6, 7]] * 2)
