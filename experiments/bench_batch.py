@@ -112,6 +112,7 @@ def main(argv=None) -> int:
     overrides = args.overrides if any(o.startswith("model=") for o in args.overrides) else \
         ["model=smollm2", *args.overrides]
     cfg = compose(overrides)
+    sha, dirty = git_info(REPO_ROOT)  # the code that runs: read before the (long) benchmark, not after
     if cfg.get("num_threads"):
         torch.set_num_threads(int(cfg["num_threads"]))
     pair = load_pair(cfg["model"])
@@ -139,7 +140,6 @@ def main(argv=None) -> int:
     profile = Profile(hardware=env["device_name"], pair=pair.name, costs_ms=costs, num_threads=env["num_threads"],
                       context_tokens=ctx, measured=datetime.now(UTC).isoformat(timespec="seconds"))
     summary = summarize(runs, batches, profile, args.gamma, P, args.new)
-    sha, dirty = git_info(REPO_ROOT)
     out = dict(pair=pair.name, hardware=env["device_name"], num_threads=env["num_threads"], versions=env["versions"],
                git_sha=sha, git_dirty=dirty, prompts=len(prompts), max_new_tokens=args.new, gamma=args.gamma,
                beam_width=4, reps=args.reps, context_tokens=ctx, mean_prompt_tokens=P, measured=profile.measured,
