@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE=1
 STEPS="${STEPS:-alpha axis check temperature map}"
 PY=.venv/bin/python
 has() { [[ " $STEPS " == *" $1 "* ]]; }
-LINEAGE="${MTAD_LINEAGE_DIR:-/tmp/mtad-lineage}"
+LINEAGE="${MTAD_LINEAGE_DIR:-.cache/regimes/lineage}"
 experiments/regime_lineage.sh "$LINEAGE"
 if has alpha; then
   echo "$(date -Is) alpha"

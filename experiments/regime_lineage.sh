@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The feature-draft lineage exports, extracted from git history for the regime study (never committed as copies):
-#   experiments/regime_lineage.sh [DIR]   (default $MTAD_LINEAGE_DIR or /tmp/mtad-lineage)
+#   experiments/regime_lineage.sh [DIR]   (default $MTAD_LINEAGE_DIR or .cache/regimes/lineage)
 # writes DIR/run1, DIR/run3, DIR/run4; use them as model.draft=DIR/runN with model=smollm2_bf16_feature.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DIR="${1:-${MTAD_LINEAGE_DIR:-/tmp/mtad-lineage}}"
+DIR="${1:-${MTAD_LINEAGE_DIR:-.cache/regimes/lineage}}"
 extract() {  # name commit path-in-repo
   local out="$DIR/$1"
   if [ -f "$out/model.safetensors" ]; then return; fi

@@ -21,9 +21,10 @@ from typing import Callable, Sequence
 
 import torch
 
+from mtad.decoding.attention import check_tree_support
 from mtad.decoding.config import DecoderConfig
 from mtad.decoding.filter import canonical_device, draw, filter_probs
-from mtad.decoding.kv import Session, Stats, check_tree_support
+from mtad.decoding.kv import Session, Stats
 from mtad.decoding.propose import PROPOSERS
 from mtad.decoding.result import DecodeResult
 

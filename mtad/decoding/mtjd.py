@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import torch
 
+from mtad.decoding.attention import check_tree_support
 from mtad.decoding.beam import beam_rows, feed_level
 from mtad.decoding.core import register, vocab_size
 from mtad.decoding.filter import _nucleus_sorted, draw
-from mtad.decoding.kv import Session, check_tree_support
+from mtad.decoding.kv import Session
 
 
 def check_budget(cfg, V: int) -> None:

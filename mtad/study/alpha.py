@@ -96,7 +96,8 @@ def main(argv=None) -> int:
 
 
     ap = argparse.ArgumentParser(prog="python -m mtad.study.alpha", description=main.__doc__.split("\n")[0])
-    ap.add_argument("drafts", nargs="+", help="name=draft (models/smollm2-draft, /tmp/mtad-lineage/run1, target:int8)")
+    ap.add_argument("drafts", nargs="+",
+                    help="name=draft (models/smollm2-draft, .cache/regimes/lineage/run1, target:int8)")
     ap.add_argument("--out", default=str(REPO_ROOT / "results" / "regimes" / "alpha.jsonl"))
     ap.add_argument("--cache", default=str(REPO_ROOT / ".cache" / "regimes" / "eval_set.pt"))
     ap.add_argument("--threads", type=int, default=1)

@@ -20,9 +20,9 @@ import mtad
 import mtad.decoding.rules as rules_mod
 import mtad.decoding.specinfer as specinfer_mod
 from mtad.decoding.accept import residual
+from mtad.decoding.attention import TREE_ARCHITECTURES
 from mtad.decoding.core import NEEDS_DRAFT
 from mtad.decoding.filter import filter_probs
-from mtad.decoding.kv import TREE_ARCHITECTURES
 from mtad.models.pair import ModelPair
 
 torch.set_num_threads(1)

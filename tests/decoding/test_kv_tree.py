@@ -10,7 +10,7 @@ import pytest
 import tinymodels as tm
 import torch
 
-from mtad.decoding import kv
+from mtad.decoding import attention
 from mtad.decoding.kv import Session, Stats
 
 torch.set_num_threads(1)
@@ -168,7 +168,7 @@ def test_forward_counts_and_time():
 
 
 def test_tree_architectures_listed():
-    assert {"llama", "opt"} <= kv.TREE_ARCHITECTURES
+    assert {"llama", "opt"} <= attention.TREE_ARCHITECTURES
 
 
 @torch.no_grad()

@@ -20,7 +20,7 @@ from decoding.test_decoders import DECODERS, DRAFTED, ids
 from transformers import DynamicCache
 
 import mtad
-from mtad.decoding import kv
+from mtad.decoding import attention, kv
 from mtad.decoding.core import NEEDS_DRAFT
 from mtad.decoding.kv import Session, Stats
 from mtad.models.pair import ModelPair
@@ -260,15 +260,15 @@ def test_crop_that_skips_sliding_layers_is_caught(arch, monkeypatch):
 # ---- refusals ---------------------------------------------------------------------------------------------
 def test_tree_support_accepts_the_tested_architectures():
     for arch in ARCHS:
-        kv.check_tree_support(target(arch), "target")
-    assert {"mistral", "gemma3_text", "qwen2", "qwen3"} <= kv.TREE_ARCHITECTURES
+        attention.check_tree_support(target(arch), "target")
+    assert {"mistral", "gemma3_text", "qwen2", "qwen3"} <= attention.TREE_ARCHITECTURES
 
 
 def test_tree_support_refuses_other_layer_types(monkeypatch):
     m = target("gemma3")
     monkeypatch.setattr(m.config, "layer_types", ["chunked_attention", "full_attention"])
     with pytest.raises(ValueError, match=r"architecture 'gemma3_text'.*\['chunked_attention'\]"):
-        kv.check_tree_support(m, "draft")
+        attention.check_tree_support(m, "draft")
 
 
 def test_cache_without_per_token_keys_refuses_rollback(monkeypatch):

@@ -1,4 +1,4 @@
-"""Issue 21, items 2-6: results go where the user points, values are checked before work, one row never ends a
+"""Robust input: results go where the user points, values are checked before work, one row never ends a
 run, and every error names its file or key (one ``mtad: error:`` line, exit 2; Ctrl-C: one line, exit 130).
 
 In-process on ``model=tiny`` where possible; the CLI cases run ``python -m mtad`` in this process too

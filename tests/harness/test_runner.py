@@ -1,4 +1,4 @@
-"""The experiment harness end to end on ``model=tiny`` (issue: harness). Runs in-process through Hydra's
+"""The experiment harness end to end on ``model=tiny``. Runs in-process through Hydra's
 ``compose`` + :func:`mtad.harness.runner.run`, and through the CLI (``python -m mtad``, in this process) where
 exit codes matter."""
 from __future__ import annotations

@@ -132,7 +132,7 @@ def test_cli_runs_mtad_on_the_real_pair(tmp_path):
     assert row["metrics"]["block_efficiency"] >= 1.0 and "accuracy" in row["metrics"]["score"]
 
 
-# ----------------------------------------------------------------------------- the feature draft (issue 9)
+# ----------------------------------------------------------------------------------------- the feature draft
 FEATURE_DRAFT = "models/smollm2-feature-draft"
 
 

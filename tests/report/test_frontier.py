@@ -1,4 +1,4 @@
-"""The accuracy-vs-diversity control (``python -m mtad.report.frontier``, issue 26): points from synthetic run
+"""The accuracy-vs-diversity control (``python -m mtad.report.frontier``): points from synthetic run
 directories, the verdict against the sampling frontier with planted above / on / below cases, the CLI."""
 from __future__ import annotations
 

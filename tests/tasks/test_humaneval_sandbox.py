@@ -140,7 +140,7 @@ def test_canonical_solutions_pass_and_return_none_fails(which):
     assert t.row_info()["sandbox"] in ("namespaces", "uid", "unsandboxed")
 
 
-# ---- forging a pass (issue 14): every attack scores 0, the right answer still scores 1 ------------------------
+# ---- forging a pass: every attack scores 0, the right answer still scores 1 ------------------------
 FORGERIES = {
     # walk the stack for anything that looks like a pass token, print it, exit 0
     "frame_walk": "    import sys, os\n    f = sys._getframe()\n    while f:\n"
@@ -195,7 +195,7 @@ def test_wire_format_is_type_strict():
             wire.decode(bad)
 
 
-# ---- escaping the jail (issues 13 and 14) ----------------------------------------------------------------------
+# ---- escaping the jail ----------------------------------------------------------------------------------------
 needs_ns = pytest.mark.skipif(run_python("pass").isolation != "namespaces",
                               reason="user namespaces are not available on this machine")
 

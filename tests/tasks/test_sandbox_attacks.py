@@ -1,4 +1,4 @@
-"""Issue 21.1: nothing a candidate sends can stall or crash HumanEval scoring, and nothing of a sandbox is left.
+"""Nothing a candidate sends can stall or crash HumanEval scoring, and nothing of a sandbox is left.
 
 The two stall triggers of the issue, in every isolation mode, as root and as an ordinary user: a reply of
 ``'[' * 200000`` to the program-load message (the supervisor's JSON parser raised ``RecursionError``, which
