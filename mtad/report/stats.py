@@ -49,11 +49,12 @@ METHOD = "percentile"
 MIN_PAIRS = 5  # fewer paired prompts give no interval: a bootstrap of 2-4 points has only a handful of outcomes
 # comparison kind -> (no-change value, unit); ratios are "x", changes are percentages
 NO_CHANGE = {"speedup": 1.0, "cpu_speedup": 1.0, "energy_ratio": 1.0, "ppl_change": 0.0, "score_change": 0.0,
-             "energy_saving": 0.0, "score_diff": 0.0, "distinct2_diff": 0.0, "run": float("nan")}
+             "energy_saving": 0.0, "score_diff": 0.0, "distinct2_diff": 0.0, "block_efficiency_ratio": 1.0,
+             "run": float("nan")}
 # decimals a comparison is printed with (ratios 1.05×, changes −11.1 %, differences +0.012): a verdict reads the
 # interval as printed (:func:`judge`)
 DIGITS = {"speedup": 2, "cpu_speedup": 2, "energy_ratio": 2, "ppl_change": 1, "score_change": 1, "energy_saving": 1,
-          "score_diff": 3, "distinct2_diff": 3}
+          "score_diff": 3, "distinct2_diff": 3, "block_efficiency_ratio": 3}
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ def _score_diff(s_a, s_b, axis=-1):
 STATISTICS: dict[str, tuple[Callable, tuple[str, ...]]] = {
     "speedup": (_ratio_of_sums, ("time_s", "n_tokens")),
     "cpu_speedup": (_ratio_of_sums, ("cpu_s", "n_tokens")),  # CPU seconds: little moved by a shared machine
+    "block_efficiency_ratio": (_ratio_of_sums, ("target_forwards", "n_tokens")),  # tokens per target forward
     "energy_ratio": (_ratio_of_sums, ("energy_j", "n_tokens")),
     "energy_saving": (_saving, ("energy_j", "n_tokens")),
     "ppl_change": (_ppl_change, ("mean_logprob",)),
@@ -309,26 +311,29 @@ def read_samples(run_dir: Path) -> list[dict]:
 
 
 def per_prompt(samples_by_seed: Sequence[list[dict]], score_name: str | None) -> dict[tuple, dict]:
-    """(id, turn) -> pooled record over seeds: ``time_s``, ``cpu_s``, ``n_tokens``, ``energy_j`` summed (energy
-    and CPU time None if any seed lacks them); ``mean_logprob``, ``score`` averaged over the seeds that have
-    them; ``bigrams``, the token bigrams of every seed's output (None without ``output_ids``). Skipped prompts
-    (no completion) are left out."""
+    """(id, turn) -> pooled record over seeds: ``time_s``, ``cpu_s``, ``n_tokens``, ``energy_j``,
+    ``target_forwards`` summed (energy, CPU time and forwards None if any seed lacks them); ``accepted`` and
+    ``proposed``, the draft tokens accepted and proposed over the steps, summed; ``mean_logprob``, ``score``
+    averaged over the seeds that have them; ``bigrams``, the token bigrams of every seed's output (None without
+    ``output_ids``). Skipped prompts (no completion) are left out."""
     acc: dict[tuple, dict] = {}
     for samples in samples_by_seed:
         for s in samples:
             if s.get("skip_reason") or "n_tokens" not in s:
                 continue
             r = acc.setdefault((str(s["id"]), int(s.get("turn", 0))),
-                               {"time_s": 0.0, "cpu_s": 0.0, "n_tokens": 0, "energy_j": 0.0, "lp": [], "sc": [],
-                                "bi": []})
+                               {"time_s": 0.0, "cpu_s": 0.0, "n_tokens": 0, "energy_j": 0.0, "target_forwards": 0,
+                                "accepted": 0, "proposed": 0, "lp": [], "sc": [], "bi": []})
             if s.get("output_ids") is not None:
                 ids = [int(t) for t in s["output_ids"]]
                 r["bi"].append(list(zip(ids, ids[1:])))
             r["time_s"] += float(s.get("time_s") or 0.0)
             r["n_tokens"] += int(s["n_tokens"])
-            for f in ("energy_j", "cpu_s"):  # None when any seed lacks it (energy off, rows before CPU time)
+            for f in ("energy_j", "cpu_s", "target_forwards"):  # None when any seed lacks it (energy off, old rows)
                 v = s.get(f)
-                r[f] = None if v is None or r[f] is None else r[f] + float(v)
+                r[f] = None if v is None or r[f] is None else r[f] + v
+            r["accepted"] += sum(s.get("accepted") or ())
+            r["proposed"] += sum(s.get("proposed") or ())
             if s.get("mean_logprob") is not None:
                 r["lp"].append(float(s["mean_logprob"]))
             score = (s.get("scores") or {}).get(score_name) if score_name else None
@@ -337,7 +342,8 @@ def per_prompt(samples_by_seed: Sequence[list[dict]], score_name: str | None) ->
     out = {}
     for key, r in acc.items():
         out[key] = {"time_s": r["time_s"], "cpu_s": r["cpu_s"], "n_tokens": r["n_tokens"],
-                    "energy_j": r["energy_j"],
+                    "energy_j": r["energy_j"], "target_forwards": r["target_forwards"],
+                    "accepted": r["accepted"], "proposed": r["proposed"],
                     "mean_logprob": float(np.mean(r["lp"])) if r["lp"] else None,
                     "score": float(np.mean(r["sc"])) if r["sc"] else None,
                     "bigrams": [b for out_ in r["bi"] for b in out_] if r["bi"] else None}
