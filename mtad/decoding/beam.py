@@ -13,13 +13,13 @@ from typing import Callable, Optional
 
 import torch
 
-from mtad.decoding.filter import draw
+from mtad.decoding.filter import Top, draw, draw_support
 from mtad.decoding.kv import Session
 
 # step(parent, tokens, w) feeds the newest beam tokens (B, W_s) (row b's first w[b] real) and returns the
-# proposer's filtered distributions for their next token (B, W_s, V); parent (B, W_s) indexes the previous step's
-# beams of the same row, None at depth 1.
-Step = Callable[[Optional[torch.Tensor], torch.Tensor, list[int]], torch.Tensor]
+# proposer's filtered distributions for their next token (B, W_s, V), or their top-k supports (a Top of
+# (B, W_s, k)); parent (B, W_s) indexes the previous step's beams of the same row, None at depth 1.
+Step = Callable[[Optional[torch.Tensor], torch.Tensor, list[int]], "torch.Tensor | Top"]
 
 
 @dataclass
@@ -70,30 +70,46 @@ def _pad(x: torch.Tensor, w: list[int]) -> torch.Tensor:
     return x * (torch.arange(x.shape[-1], device=x.device)[None, :] < torch.tensor(w, device=x.device)[:, None])
 
 
-def beam_sample(q1: torch.Tensor, step: Step, K: int, W: int, replacement: bool,
+def beam_sample(q1: "torch.Tensor | Top", step: Step, K: int, W: int, replacement: bool,
                 rng: torch.Generator) -> list[BeamTree]:
     """Draw one beam tree per row: q1 (B, V) is the proposer's filtered distribution at each row's prefix;
-    every step draws for all rows at once (with replacement: one draw of (B, W); without: one per row)."""
-    tok, w = _draw_rows(q1, W, replacement, rng)  # (B, W')
-    q_tok = _pad(q1.gather(-1, tok), w)
+    every step draws for all rows at once (with replacement: one draw of (B, W); without: one per row). With
+    replacement, laws given on their top-k support (:class:`Top`) are drawn on it: the same draws from the same
+    uniforms (:func:`draw_support`), over W·k scored pairs instead of W·V."""
+    sparse = replacement and isinstance(q1, Top)
+    if sparse:
+        pos = draw_support(q1.p, q1.idx, rng, W)  # (B, W)
+        tok, w, q_tok = q1.idx.gather(-1, pos), [W] * q1.p.shape[0], q1.p.gather(-1, pos)
+    else:
+        q1 = q1.dense() if isinstance(q1, Top) else q1
+        tok, w = _draw_rows(q1, W, replacement, rng)  # (B, W')
+        q_tok = _pad(q1.gather(-1, tok), w)
     tokens, parents, q_toks, widths = [tok], [None], [q_tok], [w]
     weight = q_tok / q_tok.sum(-1, keepdim=True)  # (B, W')
     for _ in range(1, K):
-        q = step(parents[-1], tokens[-1], w)  # (B, W', V)
-        scores = weight[..., None] * q  # (B, W', V)
-        flat = scores.flatten(-2)  # (B, W'*V)
-        idx, w = _draw_rows(flat, W, replacement, rng)  # (B, W'')
-        parent, tok = idx // q.shape[-1], idx % q.shape[-1]
+        q = step(parents[-1], tokens[-1], w)  # (B, W', V) or a Top of (B, W', k)
+        if sparse and isinstance(q, Top):
+            V = q.V
+            scores = (weight[..., None] * q.p).flatten(-2)  # (B, W'k): the non-zero scores of (B, W'V)
+            ids = (torch.arange(q.p.shape[1], device=q.idx.device)[:, None] * V + q.idx).flatten(-2)  # (B, W'k)
+            pos = draw_support(scores, ids, rng, W)  # (B, W)
+            idx, q_at, drawn = ids.gather(-1, pos), q.p.flatten(-2).gather(-1, pos), scores.gather(-1, pos)
+        else:
+            q = q.dense() if isinstance(q, Top) else q
+            V = q.shape[-1]
+            flat = (weight[..., None] * q).flatten(-2)  # (B, W'*V)
+            idx, w = _draw_rows(flat, W, replacement, rng)  # (B, W'')
+            q_at, drawn = _pad(q.flatten(-2).gather(-1, idx), w), _pad(flat.gather(-1, idx), w)
+        parent, tok = idx // V, idx % V
         tokens.append(tok)
         parents.append(parent)
-        q_toks.append(_pad(q.flatten(-2).gather(-1, idx), w))
+        q_toks.append(q_at)
         widths.append(w)
-        drawn = _pad(flat.gather(-1, idx), w)
         weight = drawn / drawn.sum(-1, keepdim=True)
     return [BeamTree([t[b, :ws[b]] for t, ws in zip(tokens, widths)],
                      [None if p is None else p[b, :ws[b]] for p, ws in zip(parents, widths)],
                      [q[b, :ws[b]] for q, ws in zip(q_toks, widths)], weight[b, :w[b]])
-            for b in range(q1.shape[0])]
+            for b in range(len(w))]
 
 
 def _left(x: torch.Tensor, w: list[int]) -> torch.Tensor:
@@ -106,7 +122,7 @@ def _left(x: torch.Tensor, w: list[int]) -> torch.Tensor:
     return out
 
 
-def tree_step(session: Session, filt: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Step, list]:
+def tree_step(session: Session, filt: Callable[[torch.Tensor], "torch.Tensor | Top"]) -> tuple[Step, list]:
     """Beams live as tree nodes of one cache per row (``mmtad``): each step's nodes of every row go in one
     forward with a tree mask. Returns the step and the node indices it fills in, per row and depth."""
     B = len(session.ids)
@@ -141,7 +157,7 @@ def feed_level(session: Session, filt: Callable[[torch.Tensor], torch.Tensor], r
     return {b: filt(out[b, out.shape[1] - len(feed[b]):]) for b in rows}
 
 
-def rows_step(session: Session, filt: Callable[[torch.Tensor], torch.Tensor]) -> Step:
+def rows_step(session: Session, filt: Callable[[torch.Tensor], "torch.Tensor | Top"]) -> Step:
     """Beams in the cache's batch dimension, row b's w[b] beams consecutive: parent (B, W_s) indexes the previous
     step's beams of the same row."""
     widths: list[int] = []
@@ -154,9 +170,12 @@ def rows_step(session: Session, filt: Callable[[torch.Tensor], torch.Tensor]) ->
             session.select(torch.cat([parent[b, :n].cpu() + start[b] for b, n in enumerate(w)]))
         widths[:] = w
         flat = torch.cat([tokens[b, :n] for b, n in enumerate(w)]) if min(w) < tokens.shape[1] else tokens.flatten()
-        q = filt(session.forward_beams(flat))  # (sum w, V)
+        q = filt(session.forward_beams(flat))  # (sum w, V), or a Top of (sum w, k)
         if min(w) == max(w):
+            if isinstance(q, Top):
+                return Top(q.p.view(len(w), w[0], -1), q.idx.view(len(w), w[0], -1), q.V)  # (B, W_s, k)
             return q.view(len(w), w[0], -1)  # (B, W_s, V)
+        q = q.dense() if isinstance(q, Top) else q
         out = q.new_zeros(len(w), max(w), q.shape[-1])  # (B, max w, V)
         for b, n in enumerate(w):
             out[b, :n] = q[sum(w[:b]):sum(w[:b]) + n]
@@ -171,9 +190,9 @@ def beam_rows(proposer: Session, batch, K: list[int], rng) -> tuple[list[list[in
     beam. Returns them and the proposer's q̃ of those tokens (B, max K). The proposer's cache ends holding each
     best beam's first max(K)-1 tokens. **[choice]** a row whose block is shortened near max_new_tokens takes a
     prefix of the deeper draw."""
-    q1 = batch.filt(proposer.forward(batch.pending(proposer))[:, -1])  # (B, V)
+    q1 = batch.law(proposer.forward(batch.pending(proposer))[:, -1])  # (B, V) or its Top
     k_max = max(K)
-    trees = beam_sample(q1, rows_step(proposer, batch.filt), k_max, batch.cfg.beam_width, batch.cfg.replacement, rng)
+    trees = beam_sample(q1, rows_step(proposer, batch.law), k_max, batch.cfg.beam_width, batch.cfg.replacement, rng)
     best = [t.best() for t in trees]
     full = [[int(v) for v in t.gather(idx, t.tokens)] for t, idx in zip(trees, best)]  # (B, max K)
     if k_max > 1:

@@ -23,7 +23,7 @@ import torch
 
 from mtad.decoding.attention import check_tree_support
 from mtad.decoding.config import DecoderConfig
-from mtad.decoding.filter import canonical_device, draw, filter_probs
+from mtad.decoding.filter import Top, canonical_device, draw, filter_probs, filter_top
 from mtad.decoding.kv import Session, Stats
 from mtad.decoding.propose import PROPOSERS
 from mtad.decoding.result import DecodeResult
@@ -118,6 +118,11 @@ class Run:
         c = self.cfg
         return filter_probs(logits, c.temperature, c.top_k, c.top_p)
 
+    def law(self, logits: torch.Tensor) -> "torch.Tensor | Top":
+        """:meth:`filt` kept on its top-k support (:class:`~mtad.decoding.filter.Top`) where a top-k applies."""
+        c = self.cfg
+        return filter_top(logits, c.temperature, c.top_k, c.top_p) or self.filt(logits)
+
     def commit(self, ids: Sequence[int]) -> None:
         ids = [int(t) for t in ids][: self.remaining]
         for i, t in enumerate(ids):
@@ -152,6 +157,9 @@ class Batch:
 
     def filt(self, logits: torch.Tensor) -> torch.Tensor:
         return self.runs[0].filt(logits)
+
+    def law(self, logits: torch.Tensor) -> "torch.Tensor | Top":
+        return self.runs[0].law(logits)
 
     def active(self, *sessions: Session | None) -> list[Run]:
         """Drop finished rows from ``sessions`` (which hold the same rows); the runs still going, in batch order."""

@@ -7,20 +7,50 @@ then the smallest prefix of the sorted distribution whose mass reaches ``top_p``
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 
+@dataclass(frozen=True)
+class Top:
+    """A filtered law kept on its top-k support: probabilities ``p`` (..., k) at token ids ``idx`` (..., k), zero
+    at the other of the ``V`` tokens (a top-p cut leaves zeros in ``p``). :meth:`dense` is :func:`filter_probs`
+    bit for bit, and :meth:`draw` draws what :func:`draw` draws from it, from the same uniforms: a beam step
+    draws W of W·k scored pairs instead of W·V, without the full-vocabulary cumulative sum."""
+
+    p: torch.Tensor
+    idx: torch.Tensor
+    V: int
+
+    def dense(self) -> torch.Tensor:
+        """(..., V) float32."""
+        return torch.zeros(*self.p.shape[:-1], self.V, device=self.p.device).scatter_(-1, self.idx, self.p)
+
+    def draw(self, rng: torch.Generator, n: int = 1) -> torch.Tensor:
+        """``n`` token ids (..., n) with replacement: :func:`draw` of :meth:`dense`."""
+        return self.idx.gather(-1, draw_support(self.p, self.idx, rng, n))
+
+
+def filter_top(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> Top | None:
+    """:func:`filter_probs` kept on its top-k support; None where no top-k applies (T = 0, top_k 0 or >= V)."""
+    V = logits.shape[-1]
+    if temperature == 0 or not 0 < top_k < V:
+        return None
+    vals, idx = logits.float().topk(top_k, dim=-1)  # (..., k), sorted descending; T > 0 keeps the order
+    return Top(_nucleus_sorted(torch.softmax(_scale(vals, temperature), -1), top_p), idx, V)
+
+
 def filter_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     """Filtered probabilities over the last dimension of ``logits`` (..., V) -> (..., V), float32."""
+    top = filter_top(logits, temperature, top_k, top_p)
+    if top is not None:
+        return top.dense()
     logits = logits.float()
     V = logits.shape[-1]
     if temperature == 0:
         return F.one_hot(logits.argmax(-1), V).float()  # (..., V)
-    if 0 < top_k < V:  # top-k first: dividing by T > 0 keeps the order, so only k values are scaled
-        vals, idx = logits.topk(top_k, dim=-1)  # (..., k), sorted descending
-        kept = _nucleus_sorted(torch.softmax(_scale(vals, temperature), -1), top_p)
-        return torch.zeros_like(logits).scatter_(-1, idx, kept)
     probs = torch.softmax(_scale(logits, temperature), -1)
     if top_p >= 1.0:
         return probs
@@ -55,6 +85,18 @@ def draw(probs: torch.Tensor, rng: torch.Generator, n: int = 1, replacement: boo
     cdf = probs.cumsum(-1, dtype=torch.float64)  # (..., V): each term widened, then summed in float64
     u = torch.rand(cdf.shape[:-1] + (n,), generator=rng, dtype=torch.float64, device=cdf.device)  # (..., n)
     return torch.searchsorted(cdf, u * cdf[..., -1:], right=True)  # (..., n)
+
+
+def draw_support(p: torch.Tensor, ids: torch.Tensor, rng: torch.Generator, n: int = 1) -> torch.Tensor:
+    """:func:`draw` of the law that is ``p`` (..., m) at the distinct indices ``ids`` (..., m) and 0 elsewhere,
+    without building it: positions (..., n) into the m entries. The same uniforms give the same draws: summed in
+    index order, the entries give the dense cumulative sums bit for bit (the zeros between them add nothing), and
+    the first cumulative sum above ``u · total`` sits at an entry of the support."""
+    check_device(rng.device, p, ids, what="draw")
+    order = ids.argsort(-1)  # (..., m)
+    cdf = p.gather(-1, order).cumsum(-1, dtype=torch.float64)  # (..., m)
+    u = torch.rand(cdf.shape[:-1] + (n,), generator=rng, dtype=torch.float64, device=cdf.device)  # (..., n)
+    return order.gather(-1, torch.searchsorted(cdf, u * cdf[..., -1:], right=True))  # (..., n)
 
 
 def canonical_device(device) -> torch.device:

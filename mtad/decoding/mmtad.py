@@ -59,8 +59,8 @@ def mmtad(models, batch, cfg, rng) -> None:
     for target, draft, runs, K in batch.blocks(models, rng):
         k_max, trees, draft_idx = max(K), [BeamTree([], [], [], None) for _ in K], [[] for _ in K]
         if k_max:
-            q1 = batch.filt(draft.forward(batch.pending(draft))[:, -1])  # (B, V)
-            step, draft_idx = tree_step(draft, batch.filt)
+            q1 = batch.law(draft.forward(batch.pending(draft))[:, -1])  # (B, V) or its Top
+            step, draft_idx = tree_step(draft, batch.law)
             trees = [t.prefix(k) for t, k in zip(beam_sample(q1, step, k_max, cfg.beam_width, cfg.replacement, rng), K)]
         t_keep, t_ids, d_keep, d_ids, blocks, nxt = [], [], [], [], [], []
         for b, (run, tree, scored) in enumerate(zip(runs, trees, verify_tree(target, batch, trees))):

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from mtad.decoding.filter import draw
+from mtad.decoding.filter import Top, draw
 from mtad.decoding.ngram import NgramLookup
 
 
@@ -33,8 +33,9 @@ def draft_rows(draft, batch, K: list[int], rng: torch.Generator) -> tuple[list[l
     Returns the tokens per row and q̃ (B, max K, V)."""
     ids, x, q = batch.pending(draft), [], []
     for _ in range(max(K)):
-        q.append(batch.filt(draft.forward(ids)[:, -1]))  # (B, V)
-        x.append(draw(q[-1], rng))  # (B, 1): one draw per row
+        law = batch.law(draft.forward(ids)[:, -1])  # (B, V), or its top-k support
+        q.append(law.dense() if isinstance(law, Top) else law)  # (B, V)
+        x.append(law.draw(rng) if isinstance(law, Top) else draw(law, rng))  # (B, 1): one draw per row
         ids = x[-1].tolist()
     if not q:
         return [[] for _ in K], torch.zeros(len(K), 0, 1, device=batch.device)
