@@ -445,15 +445,32 @@ class Session:
         """Tree-path compaction: each position keeps its linear part plus its tree nodes ``nodes[i]`` (indices,
         root to leaf, each the parent of the next), which become linear; every other tree node is dropped."""
         self._check_surgery("compact")
-        keep = [torch.cat([torch.arange(len(ids)), torch.tensor(path, dtype=torch.long)]) + self._base(i)
-                for i, (ids, path) in enumerate(zip(self.ids, nodes))]
-        W = max(len(k) for k in keep)
-        if len(self):
+        if len(self.ids) == 1 and self._base(0) == 0:  # a batch of one: only the tail moves
+            self._compact_tail(len(self.ids[0]), nodes[0])
+        elif len(self):
+            keep = [torch.cat([torch.arange(len(ids)), torch.tensor(path, dtype=torch.long)]) + self._base(i)
+                    for i, (ids, path) in enumerate(zip(self.ids, nodes))]
+            W = max(len(k) for k in keep)
             self._gather(torch.stack([torch.cat([torch.zeros(W - len(k), dtype=torch.long), k]) for k in keep]))
         for i in range(len(self.ids)):
             self.node_parent[i], self.node_pos[i] = [], []
             self._anc[i] = torch.zeros(0, 0, dtype=torch.bool)
         self.junk = [0] * len(self.junk)
+
+    def _compact_tail(self, P: int, path: list[int]) -> None:
+        """:meth:`keep_path` of a batch of one whose entries start at slot 0: the path's slots are copied behind the
+        linear part, the rest cropped; the linear part is not copied (a gather would copy every layer's cache)."""
+        src, m = torch.tensor(path, dtype=torch.long), len(path)
+        if m:
+            for layer in self.cache.layers:
+                if layer.is_initialized and layer.keys.numel():
+                    idx = src.to(layer.keys.device)
+                    layer.keys[:, :, P:P + m] = layer.keys.index_select(2, idx)  # (1, H, m, D)
+                    layer.values[:, :, P:P + m] = layer.values.index_select(2, idx)
+            if self.feats is not None:
+                self.feats[:, P:P + m] = self.feats.index_select(1, src.to(self.feats.device))  # (1, m, D)
+        if len(self) > P + m:
+            self._crop(len(self) - P - m)
 
     def commit_path(self, nodes: list[list[int]], tokens: list[list[int]]) -> None:
         """:meth:`keep_path` and record the kept nodes' ``tokens`` as linear ids, per position."""

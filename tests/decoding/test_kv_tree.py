@@ -277,3 +277,27 @@ def test_rows_keep_different_numbers_of_beams(model):
     s.sync([texts[1] + [9], texts[2] + [9]])
     got = s.forward([[9], [9]])[:, -1]
     assert close(got[0], alone(model, texts[1] + [9])) and close(got[1], alone(model, texts[2] + [9]))
+
+
+@torch.no_grad()
+def test_batch_of_one_compaction_moves_only_the_tail_and_equals_the_gather(model):
+    """A batch of one compacts by copying its path's slots behind the linear part (no copy of the whole cache):
+    every layer's keys and values equal the general per-row gather's, bit for bit. Control: another path's
+    slots differ."""
+    def session():
+        s = Session(model, [Stats()], "target")
+        s.forward([PREFIX])
+        s.forward_tree([[5, 6, 7, 8]], [[5, 6, 6, 8]])  # nodes 6, 7, 8, 9: 6 -> 7, 6 -> 8 -> 9
+        return s
+
+    def gathered(path):
+        s = session()
+        s._gather(torch.tensor([list(range(len(PREFIX))) + path]))
+        return s
+
+    tail = session()
+    tail.keep_path([[6, 8, 9]])
+    ref, other = gathered([6, 8, 9]), gathered([6, 7, 9])
+    for a, b, c in zip(tail.cache.layers, ref.cache.layers, other.cache.layers):
+        assert a.keys.shape == b.keys.shape and torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        assert not torch.equal(a.keys, c.keys)
