@@ -72,7 +72,8 @@ def decoder_of(row: dict) -> str:
 def _iv(iv) -> list | None:
     if iv is None or iv.point is None:
         return None
-    return [iv.point, iv.low, iv.high, stats.judge(iv) if iv.low is not None else None]
+    verdict = stats.judge(iv) if iv.low is not None and iv.kind in stats.DIGITS else None  # a run's own: none
+    return [iv.point, iv.low, iv.high, verdict]
 
 
 def analyze(rows: list[dict], search: list[Path], root: Path) -> dict:

@@ -464,3 +464,26 @@ def test_ratio_interval_is_a_ratio_of_sums_with_its_own_resamples():
     same = ratio_interval(num + 1e-9, den, key=cell_key(num, den))  # control: the first cell's resamples
     assert same[1:] == pytest.approx([low, high], abs=1e-8)
     assert all(np.isnan(ratio_interval([], [])))
+
+
+def test_block_efficiency_ratio_from_target_forwards_and_its_control():
+    """Per-prompt records carry the target forwards and the draft tokens accepted and proposed (summed over
+    seeds); the block-efficiency ratio is tokens per target forward over the baseline's, paired by prompt.
+    Control: equal forwards give no change."""
+    def recs(fwd: int, acc: int) -> list[dict]:
+        return [{"id": f"p{i}", "turn": 0, "n_tokens": 40, "time_s": 1.0, "target_forwards": fwd + i % 3,
+                 "accepted": [acc, 1], "proposed": [4, 4], "output_ids": [1, 2, 3]} for i in range(12)]
+
+    fast, slow = stats.per_prompt([recs(10, 3)], None), stats.per_prompt([recs(20, 1), recs(20, 1)], None)
+    assert slow[("p1", 0)]["target_forwards"] == 42 and slow[("p1", 0)]["accepted"] == 4
+    assert fast[("p0", 0)]["proposed"] == 8
+    iv = stats.compare("block_efficiency_ratio", fast, slow)
+    slow_per_token = sum(2 * (20 + i % 3) for i in range(12)) / (12 * 80)
+    fast_per_token = sum(10 + i % 3 for i in range(12)) / (12 * 40)
+    assert iv.point == pytest.approx(slow_per_token / fast_per_token)
+    assert stats.judge(iv) == "significant" and iv.low > 1.5
+    same = stats.compare("block_efficiency_ratio", fast, fast)
+    assert same.point == pytest.approx(1.0) and stats.judge(same) == "not significant"
+    no_forwards = stats.per_prompt([[{k: v for k, v in r.items() if k != "target_forwards"} for r in recs(10, 3)]],
+                                   None)
+    assert no_forwards[("p0", 0)]["target_forwards"] is None

@@ -18,10 +18,12 @@ from mtad.study.regimes.inputs import (
     alphas,
     checks,
     contexts,
+    decoders,
     drafts,
     hardware,
     profile,
     provenance,
+    tv,
 )
 
 RULES = (("lossless", "speculative"), ("block", "block"), *((f"mtad (τ={t})", "mtad") for t in TAUS))
@@ -194,6 +196,8 @@ def build(root: Path = ROOT) -> dict:
                    "calibration": {k: v["profile"] for k, v in c["calibration"].items()}}
             for name, c in chk.items()
         },
+        "tv": {name: {k: v for k, v in d.items() if k != "study"} for name, d in tv(root).items()},
+        "decoders": decoders(root),
         "gpu_profiles": {k: list(v) for k, v in GPU_PROFILES.items()},
         "hardware": f"{hardware(root)}, 2 cores shared",
         "provenance": provenance(root),

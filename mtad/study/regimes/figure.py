@@ -133,13 +133,54 @@ def speed_panel(ax, res: dict, key: str, title: str) -> None:
     _finish(ax, title, "speed-up (ratio of ms/token)")
 
 
+TV_SHOWN = (("lossless", "token-wise (lossless: the Monte-Carlo floor)", "#666666"), ("block", "block (lossless)",
+            "#4575b4"), *((f"mtad (τ={t})", f"MTAD joint rule τ = {t}", TAU_COLORS[t]) for t in ("0.1", "0.5", "0.9")))
+DECODER_COLORS = {"block": "#4575b4", "mtad": "#d73027", "mmtad": "#7b3294", "specinfer": "#1a9850"}
+
+
+def tv_panel(ax, res: dict) -> None:
+    """First-token TV to the target's law along α, the mean of the two tasks' estimates per rule."""
+    alpha = {r["name"]: r["alpha"][0] for r in res["drafts"]}
+    names = sorted((n for n in res["tv"] if n in alpha), key=alpha.get)
+    for k, (rule, label, color) in enumerate(TV_SHOWN):
+        y = [np.mean([res["tv"][n][t][rule][0] for t in ("gsm8k", "mt_bench")]) for n in names]
+        ax.plot([alpha[n] + 0.003 * (k - 2) for n in names], y, "o-", ms=4, lw=1, color=color, label=label)
+    first = next(iter(res["tv"].values()))
+    ax.set_title(f"first-token TV to the target's law\n({first['contexts']} contexts × {first['draws']} drafts per "
+                 "task, mean of GSM8K and MT-Bench)", fontsize=10)
+    ax.set_ylabel("total variation to p̃₁")
+    ax.set_xlabel("held-out α of the draft")
+    ax.set_xlim(0.3, 1.0)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
+
+
+def decoders_panel(ax, res: dict) -> None:
+    """Every decoder's block efficiency on real text over speculative decoding's, per real draft, with CIs."""
+    rows = sorted((d for d in res["decoders"]["drafts"].values() if d["alpha"]), key=lambda d: d["alpha"][0])
+    for k, dec in enumerate(DECODER_COLORS):
+        ivs = [(d["alpha"][0], d["vs_speculative"].get(dec, {}).get("block_efficiency_ratio")) for d in rows]
+        ivs = [(a, iv) for a, iv in ivs if iv]
+        if ivs:
+            ax.errorbar([a + 0.004 * (k - 1.5) for a, _ in ivs], [iv[0] for _, iv in ivs],
+                        yerr=_err([iv[:3] for _, iv in ivs]), fmt="o-", ms=4, lw=1, capsize=2,
+                        color=DECODER_COLORS[dec], label=f"{dec} decoder / speculative, paired 95 % CI")
+    _paper(ax, [p[2] / p[3] for p in PAPER_RUNS], "paper, MTAD / SpecInfer tree (x: SpecInfer acceptance)")
+    _finish(ax, "every decoder on real text (GSM8K + MT-Bench):\ntokens per target forward over speculative's",
+            "block-efficiency ratio")
+
+
 def figure(res: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(14, 12.5))
+    third = bool(res.get("tv")) and bool(res.get("decoders"))
+    fig, axes = plt.subplots(3 if third else 2, 2, figsize=(14, 18.5 if third else 12.5))
+    if third:
+        tv_panel(axes[2, 0], res)
+        decoders_panel(axes[2, 1], res)
     ratio_panel(axes[0, 0], res, "spec", "block-efficiency ratio MTAD / token-wise speculative")
     ratio_panel(axes[0, 1], res, "block", "block-efficiency ratio MTAD / block verification")
     speed_panel(axes[1, 0], res, "spec", "speed-up MTAD (τ = 0.5) / speculative")
@@ -151,6 +192,6 @@ def figure(res: dict, path: Path) -> None:
         fontsize=11,
     )
     fig.text(0.5, 0.004, reading(res), ha="center", fontsize=8.5, wrap=True)
-    fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+    fig.tight_layout(rect=(0, 0.03 if not third else 0.02, 1, 0.95 if not third else 0.965))
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -83,6 +83,26 @@ def checks(root: Path = ROOT) -> dict[str, dict]:
     return out
 
 
+def tv(root: Path = ROOT) -> dict[str, dict]:
+    """First-token total variation to the target's law per draft (``tv/tv-<draft>.jsonl``, written by
+    ``experiments/regime_tv.sh``): {task: {rule label: [point, lo, hi]}}, with the contexts and draws per task."""
+    out = {}
+    for p in sorted((root / "tv").glob("tv-*.jsonl")):
+        rows = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+        d = {"contexts": rows[0]["tv_contexts"], "draws": rows[0]["tv_draws"], "study": rows[0]["study"]}
+        for r in rows:
+            d.setdefault(r["task"], {})[r["label"]] = r["tv_first_token"]
+        out[p.stem.removeprefix("tv-")] = d
+    return out
+
+
+def decoders(root: Path = ROOT) -> dict | None:
+    """Every decoder along α (``decoders/decoders.json``, written by ``experiments/regime_decoders.py`` from its
+    published rows), or None before that run."""
+    p = root / "decoders" / "decoders.json"
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
 def profile(chk: dict, which: str = "pooled") -> CostProfile:
     """A check's calibrated cost profile (``before``, ``after`` or ``pooled``) as the simulator's
     :class:`~mtad.measure.simulate.CostProfile`."""
@@ -100,8 +120,12 @@ def provenance(root: Path = ROOT) -> dict[str, list[str]]:
     alpha = [json.loads(x) for x in (root / "alpha.jsonl").read_text().splitlines() if x.strip()]
     study = [json.loads(f.read_text().splitlines()[0])["study"] for f in sorted((root / "study").glob("*.jsonl"))]
     pubs = {json.loads(f.read_text()).get("publication") for f in sorted((root / "check").glob("check-*.json"))}
+    tvs = [d["study"] for d in tv(root).values()]
+    dec = decoders(root)
     return {"alpha": sorted({state(r.get("git_sha"), r.get("git_dirty")) for r in alpha}),
             "study": sorted({state(r.get("git_sha"), r.get("git_dirty")) for r in study}),
+            "tv": sorted({state(r.get("git_sha"), r.get("git_dirty")) for r in tvs}),
+            "decoders": [dec.get("publication") or "not published"] if dec else [],
             "checks": sorted(p or "not published" for p in pubs)}
 
 

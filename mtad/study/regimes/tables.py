@@ -51,6 +51,50 @@ def draft_tables(res: dict) -> list[str]:
     return out
 
 
+TV_RULES = (("lossless", "token-wise (Monte-Carlo floor)"), ("block", "block"), ("mtad (τ=0.1)", "MTAD τ=0.1"),
+            ("mtad (τ=0.5)", "MTAD τ=0.5"), ("mtad (τ=0.9)", "MTAD τ=0.9"), ("typical (ε=0.09, δ=0.3)", "typical"),
+            ("fuzzy (JS≤0.4)", "fuzzy JS≤0.4"))
+
+
+def tv_table(res: dict) -> list[str]:
+    tvs = res.get("tv") or {}
+    if not tvs:
+        return ["No first-token TV yet (`experiments/regime_tv.sh`).", ""]
+    first = next(iter(tvs.values()))
+    alpha = {r["name"]: r["alpha"][0] for r in res["drafts"]}
+    names = sorted(tvs, key=lambda n: alpha.get(n, 9))
+    rows = [[n, f"{alpha[n]:.2f}" if n in alpha else "—",
+             *(" / ".join(num(tvs[n].get(t, {}).get(k, [None])[0], 3) for t in ("gsm8k", "mt_bench"))
+               for k, _ in TV_RULES)] for n in names]
+    return [f"Total variation between the law of the first committed token and the filtered target p̃₁ at "
+            f"{first['contexts']} fixed contexts per task ({first['draws']} fresh drafts each; the study's own "
+            "contexts and seeds), GSM8K / MT-Bench. A lossless rule's value is the Monte-Carlo floor; per-task "
+            "intervals are in `tv/tv-<draft>.md`.", "",
+            *table(["draft", "α", *(h for _, h in TV_RULES)], rows)]
+
+
+def decoders_table(res: dict) -> list[str]:
+    dec = res.get("decoders")
+    if not dec:
+        return ["No decoder runs along α yet (`experiments/regime_decoders.py`).", ""]
+    others = ("block", "mtad", "mmtad", "specinfer")
+    rows = []
+    for name, d in sorted(dec["drafts"].items(), key=lambda kv: (kv[1]["alpha"] or [9])[0]):
+        vs = d["vs_speculative"]
+        rows.append([name, f"{d['alpha'][0]:.2f}" if d["alpha"] else "—",
+                     num(d["decoders"]["speculative"]["block_efficiency"], 2),
+                     *(ci(vs.get(k, {}).get("block_efficiency_ratio"), 3) for k in others),
+                     ci(vs["mtad"].get("ppl_change"), 1), ci(vs["mtad"].get("distinct2_diff"), 3),
+                     ci(vs["mmtad"].get("ppl_change"), 1), ci(vs["mmtad"].get("distinct2_diff"), 3)])
+    return ["Each real draft decoding GSM8K and MT-Bench prompts with every decoder, interleaved "
+            "(`decoders/decoders.md`, published as " + ", ".join(res["provenance"]["decoders"])
+            + "): block efficiency (tokens per target forward) of speculative decoding, each decoder's ratio to it, "
+            "and MTAD's and MMTAD's perplexity change and distinct-2 difference against it (paired 95 % intervals "
+            "over prompts):", "",
+            *table(["draft", "α", "BE speculative", *(f"BE {k} / spec" for k in others), "MTAD ppl change %",
+                    "MTAD distinct-2 − spec", "MMTAD ppl change %", "MMTAD distinct-2 − spec"], rows)]
+
+
 def simulated_table(res: dict) -> list[str]:
     def corners(s, k):
         v = sorted(s[f"{k}_{e}"]["mtad_vs_spec"]["0.5"] for e in ("lo", "hi"))
@@ -129,9 +173,16 @@ def markdown(res: dict) -> str:
         "",
         "Provenance: α rows from " + ", ".join(res["provenance"]["alpha"]) + "; study runs from "
         + ", ".join(res["provenance"]["study"]) + "; simulator-check runs published as "
-        + ", ".join(res["provenance"]["checks"]) + " (rows and per-prompt records under `results/published/`).",
+        + ", ".join(res["provenance"]["checks"]) + " (rows and per-prompt records under `results/published/`)"
+        + ("; TV runs from " + ", ".join(res["provenance"]["tv"]) if res["provenance"].get("tv") else "") + ".",
         "",
         *draft_tables(res),
+        "## Distance from the target's law: first-token TV",
+        "",
+        *tv_table(res),
+        "## Every decoder along α, on real text: MMTAD and SpecInfer beside MTAD",
+        "",
+        *decoders_table(res),
         "## Simulated speed-up MTAD (τ = 0.5) / speculative from the study's histograms",
         "",
         "This CPU: at each checked draft's own calibrated costs and at the committed feature draft's (what a draft "
