@@ -4,14 +4,16 @@
 # 1. the earlier feature-draft exports from git history (experiments/regime_lineage.sh);
 # 2. held-out alpha of every draft (python -m mtad.study.alpha -> results/regimes/alpha.jsonl);
 # 3. the same-draft verifier study per draft (experiments/regime_axis.sh, drafts.tsv);
-# 4. the simulator check against interleaved runs (experiments/regime_check.py), CPU time;
-# 5. the temperature-matched control (experiments/regime_temperature.py);
-# 6. the map: python -m mtad.study.regimes.
-# STEPS="alpha axis" runs only those. One thread throughout; about 2 hours on a quiet 2-core CPU.
+# 4. the first-token TV of every draft (experiments/regime_tv.sh);
+# 5. every decoder on real text with every real draft (experiments/regime_decoders.py);
+# 6. the simulator check against interleaved runs (experiments/regime_check.py), CPU time;
+# 7. the temperature-matched control (experiments/regime_temperature.py);
+# 8. the map: python -m mtad.study.regimes.
+# STEPS="alpha axis" runs only those. One thread throughout; about 4 hours on a quiet 2-core CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
-STEPS="${STEPS:-alpha axis check temperature map}"
+STEPS="${STEPS:-alpha axis tv decoders check temperature map}"
 PY=.venv/bin/python
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 LINEAGE="${MTAD_LINEAGE_DIR:-.cache/regimes/lineage}"
@@ -24,6 +26,11 @@ if has alpha; then
     w8g0=target:w8g0 w3g64=target:w3g64
 fi
 if has axis; then echo "$(date -Is) axis"; MTAD_LINEAGE_DIR="$LINEAGE" experiments/regime_axis.sh; fi
+if has tv; then echo "$(date -Is) tv"; MTAD_LINEAGE_DIR="$LINEAGE" experiments/regime_tv.sh; fi
+if has decoders; then
+  echo "$(date -Is) decoders"
+  $PY experiments/regime_decoders.py --prompts 10 --tokens 48
+fi
 if has check; then
   echo "$(date -Is) check"
   $PY experiments/regime_check.py --pair run5 --pair token --pair int8 --pair skip2 --pair w4g32 --prompts 10 \
