@@ -108,7 +108,8 @@ def analyze(rows: list[dict], search: list[Path], root: Path) -> dict:
         comps = {dec: {kind: _iv(stats.compare(kind, recs[dec], recs[BASELINE])) for kind, _ in KINDS}
                  for dec in by_dec if dec != BASELINE and BASELINE in recs}
         out[name] = {"alpha": al.get(name), "decoders": own, "vs_speculative": comps}
-    return {"drafts": out, "git_sha": sorted({r.get("git_sha") for r in rows}),
+    pubs = sorted({(r.get("publication") or {}).get("name") for r in rows} - {None})
+    return {"drafts": out, "publication": ", ".join(pubs) or None, "git_sha": sorted({r.get("git_sha") for r in rows}),
             "git_dirty": sorted({r.get("git_dirty") for r in rows}),
             "hardware": rows[0].get("device_name", "this CPU"), "pair": "SmolLM2-135M-Instruct target, bfloat16",
             "tokens": rows[0]["decoder"].get("max_new_tokens")}
@@ -137,7 +138,9 @@ def render(res: dict) -> str:
            "static tree of 4·2·2). Block efficiency: tokens per target forward (prefills included). Paired 95 % "
            "intervals over prompts (the project's bootstrap); ratios above 1 favour the decoder; CPU time is the "
            "process's CPU seconds. Commits: " + ", ".join(f"{s[:10]}" for s in res["git_sha"] if s)
-           + ("; clean trees." if res["git_dirty"] == [False] else f"; trees dirty: {res['git_dirty']}."), "",
+           + ("; clean trees." if res["git_dirty"] == [False] else f"; trees dirty: {res['git_dirty']}.")
+           + (f" Published as `{res['publication']}` (rows and per-prompt records under `results/published/`)."
+              if res.get("publication") else ""), "",
            "## Block efficiency (tokens per target forward) and acceptance", "",
            "| draft | α | " + " | ".join(DECODERS) + " | acceptance: " + " / ".join(DECODERS) + " |",
            "|" + " --- |" * (len(DECODERS) + 3)]
