@@ -38,7 +38,7 @@ MEASURED_AS: dict[str, list[str]] = {}
 # rows no config of today can give the hashes of (none at present)
 OLDER_SCHEMA: set[str] = set()
 # publications of a script's runs, not of a profile's grid: their jobs come from the script itself
-SCRIPTED = {"regime_check-2026-12-06", "regime_temperature-2026-12-06"}
+SCRIPTED = {"regime_check-2026-12-06", "regime_check-run5-2026-12-06", "regime_temperature-2026-12-06"}
 
 needs_data = pytest.mark.usefixtures("real_data_dir")  # published rows hash the real data; skips on a fresh clone
 
@@ -189,11 +189,14 @@ def script_jobs(stem: str) -> list[list[str]]:
 
         return [job for d in drafts() if d["oracle_mix"] is None for task in dec.TASKS
                 for job in dec.jobs(d, task, 10, 48, Path("results/regimes/decoders"))]
-    if stem.startswith("regime_check"):
+    if stem.startswith("regime_check"):  # the drafts this publication holds rows of (a draft may be re-checked)
         check = script("regime_check")
-        return [[*dec, *json.loads(f.read_text())["overrides"]]
+        rows = load_results(REPO_ROOT / "results" / "published" / f"{stem}.jsonl")
+        held = {(r["model"]["name"], r["model"].get("draft")) for r in rows}
+        jobs = [[*dec, *json.loads(f.read_text())["overrides"]]
                 for f in sorted((REPO_ROOT / "results" / "regimes" / "check").glob("check-*.json"))
                 for dec in check.DECODERS.values()]
+        return [j for j in jobs if (resolved(j)["model"]["name"], resolved(j)["model"].get("draft")) in held]
     temp = script("regime_temperature")
     return temp.jobs(30, 48, [0.6, 0.7, 0.8, 0.9], Path("results/regimes/temperature"))
 
