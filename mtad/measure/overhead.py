@@ -13,9 +13,9 @@ machine), tokens/s and block efficiency (tokens per target forward). The aim: ov
 Random weights make the draft a poor predictor (acceptance near 0); ``--draft same`` uses the target as
 its own draft (acceptance near 1), the other extreme of the loop's bookkeeping. These tiny models are a stress
 test: one target forward costs about 1 ms, some 20 times less than the embedded SmolLM2 pair's on a CPU, so the
-harness's fixed per-step costs weigh more here than in any real decode. ``--pair NAME`` measures the same shares
-on a real pair instead (a ``conf/model/`` name, e.g. ``smollm2_bf16_feature``, the default pair), decoding
-:data:`PAIR_PROMPTS` in the pair's chat template.
+harness's fixed per-step costs weigh more here than in any real decode. ``experiments/bench_core_pair.py``
+measures the same shares on a real pair (:func:`bench_one`), and ``experiments/overhead_floor.py`` the share of a
+bare speculative loop on these models.
 """
 from __future__ import annotations
 
@@ -41,34 +41,6 @@ DECODERS = [
     ("mtjd-beam", dict(name="mtjd", mode="beam")),
     ("mtjd-exhaustive", dict(name="mtjd", mode="exhaustive", gamma=3)),
 ]
-
-
-PAIR_PROMPTS = (  # fixed instructions for --pair (no dataset needed): a word problem, a story, an explanation
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips "
-    "did Natalia sell altogether in April and May? Solve it step by step.",
-    "Write a short story about a robot who learns to paint, in about one hundred words.",
-    "Explain to a ten-year-old why the sky is blue and why sunsets are red.",
-)
-
-
-def real_pair(name: str, n: int) -> tuple[ModelPair, list[list[int]]]:
-    """The ``conf/model/NAME`` pair and the first ``n`` of :data:`PAIR_PROMPTS` (repeated past three), encoded
-    in its chat template where the config asks for one."""
-    from omegaconf import OmegaConf
-
-    from mtad.harness.sweep import compose_job
-    from mtad.models.load import load_pair
-
-    mcfg = OmegaConf.to_container(compose_job([f"model={name}"]), resolve=True)["model"]
-    pair = load_pair(mcfg)
-    tok = pair.tokenizer
-    texts = [PAIR_PROMPTS[i % len(PAIR_PROMPTS)] for i in range(n)]
-    if mcfg.get("chat_template") and getattr(tok, "chat_template", None):
-        ids = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
-                                       return_dict=False) for t in texts]
-    else:
-        ids = [tok(t)["input_ids"] for t in texts]
-    return pair, [list(map(int, x)) for x in ids]
 
 
 def random_llama(vocab: int, hidden: int, layers: int, seed: int, std: float = 0.1):
@@ -129,16 +101,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--draft-layers", type=int, default=1)
     ap.add_argument("--draft", choices=["random", "same"], default="random")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
-    ap.add_argument("--pair", default=None,
-                    help="a conf/model/ pair (e.g. smollm2_bf16_feature) instead of the random tiny models")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     args = ap.parse_args(argv)
-    if args.pair is not None:
-        from mtad._util.paths import REPO_ROOT
-
-        known = sorted(p.stem for p in (REPO_ROOT / "conf" / "model").glob("*.yaml"))
-        if args.pair not in known:
-            ap.error(f"--pair {args.pair}: no conf/model/{args.pair}.yaml (choose from {', '.join(known)})")
     unknown = sorted(set(args.decoders) - {d for d, _ in DECODERS})
     if unknown:
         ap.error(f"unknown decoder(s) {unknown}: valid are {[d for d, _ in DECODERS]}")
@@ -148,22 +112,17 @@ def parse(argv=None) -> argparse.Namespace:
 def main(argv=None) -> list[dict]:
     args = parse(argv)
     torch.set_num_threads(args.threads)
-    if args.pair is None:
-        pair = build_pair(args)
-        g = torch.Generator().manual_seed(0)
-        prompts = [torch.randint(args.vocab, (args.prompt_len,), generator=g).tolist() for _ in range(args.prompts)]
-        what = (f"random llama target h{args.hidden} x{args.layers}, draft "
-                f"{'= target' if args.draft == 'same' else f'h{args.draft_hidden} x{args.draft_layers}'}, "
-                f"vocab {args.vocab}")
-    else:
-        pair, prompts = real_pair(args.pair, args.prompts)
-        what = f"pair {args.pair} ({len(prompts)} fixed prompts, chat template)"
+    pair = build_pair(args)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(args.vocab, (args.prompt_len,), generator=g).tolist() for _ in range(args.prompts)]
     rows = []
     t0 = time.perf_counter()
     for label, overrides in DECODERS:
         if label in args.decoders:
             rows.append(dict(decoder=label, **bench_one(pair, overrides, prompts, args.new)))
-    print(f"{what}; {args.prompts} prompts x {args.new} tokens; threads {args.threads}; "
+    print(f"random llama target h{args.hidden} x{args.layers}, draft "
+          f"{'= target' if args.draft == 'same' else f'h{args.draft_hidden} x{args.draft_layers}'}, "
+          f"vocab {args.vocab}; {args.prompts} prompts x {args.new} tokens; threads {args.threads}; "
           f"torch {torch.__version__}; total {time.perf_counter() - t0:.1f} s")
     print(format_table(rows))
     if args.json:

@@ -455,3 +455,21 @@ def test_bench_core_cli_smoke(tmp_path, capsys):
     assert json.loads(out.read_text())["rows"][1]["decoder"] == "mtad"
     with pytest.raises(SystemExit):
         bench_core.main(["--decoders", "beamsearch"])
+
+
+def test_bench_core_on_a_named_pair(capsys):
+    """experiments/bench_core_pair.py: the shares on a conf/model pair (the tiny one here), and one line for a
+    pair that does not exist."""
+    import importlib.util
+
+    from mtad._util.paths import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location("bench_core_pair", REPO_ROOT / "experiments" / "bench_core_pair.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.main(["--pair", "tiny", "--decoders", "speculative", "mmtad", "--new", "4"])
+    assert [r["decoder"] for r in rows] == ["speculative", "mmtad"]
+    assert all(r["tokens"] == 3 * 4 and 0 < r["cpu_overhead_share"] < 1 for r in rows)
+    with pytest.raises(SystemExit):
+        mod.main(["--pair", "nope"])
+    assert "no conf/model/nope.yaml" in capsys.readouterr().err
