@@ -174,7 +174,7 @@ def figure(res: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
     rows = [(d["alpha"], d["vs_speculative"]) for _, d in ordered(res) if d["alpha"]]
     for ax, (kind, head), ref in ((axes[0], KINDS[0], 1.0), (axes[1], KINDS[2], 0.0)):
         for k, dec in enumerate(c for c in DECODERS if c != BASELINE):
@@ -189,7 +189,7 @@ def figure(res: dict, path: Path) -> None:
         ax.axhline(ref, color="grey", lw=0.8, ls="--")
         ax.set_xlabel("draft's held-out α (acceptance rate)")
         ax.set_ylabel(f"{head} vs speculative")
-        ax.legend(fontsize=8, loc="best")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
         ax.grid(alpha=0.3)
     axes[0].set_title("tokens per target forward, ratio to speculative")
     axes[1].set_title("distinct-2 of the outputs, minus speculative's")

@@ -38,7 +38,8 @@ MEASURED_AS: dict[str, list[str]] = {}
 # rows no config of today can give the hashes of (none at present)
 OLDER_SCHEMA: set[str] = set()
 # publications of a script's runs, not of a profile's grid: their jobs come from the script itself
-SCRIPTED = {"regime_check-2026-12-06", "regime_check-run5-2026-12-06", "regime_temperature-2026-12-06"}
+SCRIPTED = {"regime_check-2026-12-06", "regime_check-run5-2026-12-06", "regime_decoders-2026-12-06",
+            "regime_temperature-2026-12-06"}
 
 needs_data = pytest.mark.usefixtures("real_data_dir")  # published rows hash the real data; skips on a fresh clone
 

@@ -256,7 +256,8 @@ def test_cli_writes_the_three_outputs(tree):
 
 def test_the_committed_regime_map_and_temperature_control_re_render_byte_for_byte(tmp_path):
     """``regimes.md``/``regimes.json`` from the committed records (α per prompt, per-context study records, the
-    checks with their published runs) and ``temperature.md`` from its published rows are what is committed.
+    checks with their published runs, the TV runs, the decoders' comparisons) and ``temperature.md`` and
+    ``decoders.md``/``decoders.json`` from their published rows are what is committed.
     Control: a changed record changes the map."""
     import shutil
     import subprocess
@@ -266,7 +267,7 @@ def test_the_committed_regime_map_and_temperature_control_re_render_byte_for_byt
 
     src = REPO_ROOT / "results" / "regimes"
     root = tmp_path / "regimes"
-    shutil.copytree(src, root, ignore=shutil.ignore_patterns("*.png", "temperature"))
+    shutil.copytree(src, root, ignore=shutil.ignore_patterns("*.png", "temperature", "decoders.md"))
     assert regimes_main.main(["--root", str(root)]) == 0
     for name in ("regimes.md", "regimes.json"):
         assert (root / name).read_bytes() == (src / name).read_bytes(), name
@@ -275,6 +276,12 @@ def test_the_committed_regime_map_and_temperature_control_re_render_byte_for_byt
                     str(REPO_ROOT / "results" / "published" / "regime_temperature-2026-12-06.jsonl"),
                     "--out", str(out)], check=True, capture_output=True)
     assert (out / "temperature.md").read_bytes() == (src / "temperature" / "temperature.md").read_bytes()
+    out = tmp_path / "decoders"
+    subprocess.run([sys.executable, str(REPO_ROOT / "experiments" / "regime_decoders.py"), "--from",
+                    str(REPO_ROOT / "results" / "published" / "regime_decoders-2026-12-06.jsonl"),
+                    "--out", str(out)], check=True, capture_output=True)
+    for name in ("decoders.md", "decoders.json"):
+        assert (out / name).read_bytes() == (src / "decoders" / name).read_bytes(), name
     rows = [json.loads(x) for x in (root / "alpha.jsonl").read_text().splitlines()]
     rows[0]["per_prompt"][0][0] += 5.0  # control: one prompt's accepted count changes the map
     (root / "alpha.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
