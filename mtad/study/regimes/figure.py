@@ -141,13 +141,20 @@ DECODER_COLORS = {"block": "#4575b4", "mtad": "#d73027", "mmtad": "#7b3294", "sp
 def tv_panel(ax, res: dict) -> None:
     """First-token TV to the target's law along α, the mean of the two tasks' estimates per rule."""
     alpha = {r["name"]: r["alpha"][0] for r in res["drafts"]}
+    oracle = {r["name"] for r in res["drafts"] if r["oracle_mix"] is not None}
     names = sorted((n for n in res["tv"] if n in alpha), key=alpha.get)
     for k, (rule, label, color) in enumerate(TV_SHOWN):
-        y = [np.mean([res["tv"][n][t][rule][0] for t in ("gsm8k", "mt_bench")]) for n in names]
-        ax.plot([alpha[n] + 0.003 * (k - 2) for n in names], y, "o-", ms=4, lw=1, color=color, label=label)
+        for sel, fmt, mfc, lab in ((False, "o-", None, label),
+                                   (True, "o", "white", None if k else "open: oracle mixtures (not connected)")):
+            pick = [n for n in names if (n in oracle) == sel]
+            if pick:
+                both = np.array([[res["tv"][n][t][rule][0] for t in ("gsm8k", "mt_bench")] for n in pick])  # (n, 2)
+                y = both.mean(1)
+                ax.errorbar([alpha[n] + 0.003 * (k - 2) for n in pick], y, yerr=[y - both.min(1), both.max(1) - y],
+                            fmt=fmt, ms=4, lw=1, capsize=2, elinewidth=0.8, color=color, mfc=mfc, label=lab)
     first = next(iter(res["tv"].values()))
     ax.set_title(f"first-token TV to the target's law\n({first['contexts']} contexts × {first['draws']} drafts per "
-                 "task, mean of GSM8K and MT-Bench)", fontsize=10)
+                 "task; point: mean of GSM8K and MT-Bench, bar: the two tasks)", fontsize=10)
     ax.set_ylabel("total variation to p̃₁")
     ax.set_xlabel("held-out α of the draft")
     ax.set_xlim(0.3, 1.0)
