@@ -225,7 +225,8 @@ def script_hash(job: list[str], data: dict) -> str:
 
 
 @needs_data
-@pytest.mark.parametrize("stem", sorted(SCRIPTED))
+@pytest.mark.parametrize("stem", [pytest.param(s, marks=pytest.mark.slow) if s.startswith("regime_decoders") else s
+                                  for s in sorted(SCRIPTED)])  # the decoders' ten drafts are loaded to be hashed: slow
 def test_scripted_publications_hash_as_their_scripts_compose_them(stem):
     """Every row of a scripted publication has the hash of one of its script's jobs, and every job has a row.
     Control: a job with one setting changed hashes to none of them."""
