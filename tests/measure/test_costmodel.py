@@ -91,6 +91,7 @@ def _off(a: float, b: float) -> float:
     return abs(math.log(a / b))
 
 
+@pytest.mark.slow  # times every decoder on tiny models (about 20 s); .ci/run runs it with the slow tests
 def test_predicted_matches_measured_on_tiny_models(tmp_path):
     """The profile CLI on the tiny pair, then interleaved decodes of three decoders: each decoder's predicted
     ms/token relative to sampling's matches the measured ratio (RATIO_TOLERANCE), and the absolute figures
