@@ -50,44 +50,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from mtad.decoding.attention import mask_windows
-
-
-@dataclass
-class Stats:
-    """Forward counts and time inside model forwards, shared by the sessions of one call."""
-
-    target_forwards: int = 0
-    draft_forwards: int = 0
-    forward_time_s: float = 0.0
-    accepted: list[int] = field(default_factory=list)
-    proposed: list[int] = field(default_factory=list)
-    position_accepts: list[int] = field(default_factory=list)
-    position_proposals: list[int] = field(default_factory=list)
-    # forward shapes for the cost model (mtad.measure.costmodel): "<role>:<seq|tree>:<rows>x<new tokens>" -> count
-    calls: dict[str, int] = field(default_factory=dict)
-    call_cpu_s: dict[str, float] = field(default_factory=dict)  # the same keys -> CPU seconds of those calls
-
-    def count_call(self, role: str, kind: str, rows: int, new: int, cpu_s: float = 0.0) -> None:
-        key = f"{role}:{kind}:{rows}x{new}"
-        self.calls[key] = self.calls.get(key, 0) + 1
-        self.call_cpu_s[key] = self.call_cpu_s.get(key, 0.0) + cpu_s
-
-    def record(self, proposed: int, accepted: int) -> None:
-        """One speculative iteration: ``proposed`` draft positions, the first ``accepted`` of them kept."""
-        self.proposed.append(proposed)
-        self.accepted.append(accepted)
-        for store in (self.position_accepts, self.position_proposals):
-            store.extend([0] * (proposed - len(store)))
-        for j in range(proposed):
-            self.position_proposals[j] += 1
-            self.position_accepts[j] += j < accepted
+from mtad.decoding.result import Stats
 
 
 def full_length_cache(config) -> DynamicCache:
