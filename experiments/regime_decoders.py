@@ -115,16 +115,6 @@ def analyze(rows: list[dict], search: list[Path], root: Path) -> dict:
             "tokens": rows[0]["decoder"].get("max_new_tokens")}
 
 
-def _cell(v, kind) -> str:
-    if v is None:
-        return "—"
-    d = stats.DIGITS.get(kind, 3)
-    unit = "×" if kind in ("cpu_speedup", "block_efficiency_ratio") else (" %" if kind == "ppl_change" else "")
-    sign = "+" if unit != "×" else ""
-    body = f"{v[0]:{sign}.{d}f}{unit}" + (f" [{v[1]:{sign}.{d}f}, {v[2]:{sign}.{d}f}]" if v[1] is not None else "")
-    return body + (f" ({v[3]})" if v[3] else "")
-
-
 def ordered(res: dict) -> list[tuple[str, dict]]:
     return sorted(res["drafts"].items(), key=lambda kv: (kv[1]["alpha"] or [9])[0])
 
@@ -157,42 +147,26 @@ def render(res: dict) -> str:
                 "|" + " --- |" * (len(DECODERS) + 1)]
         for name, d in ordered(res):
             a = d["alpha"]
-            cells = [_cell(d["vs_speculative"].get(k, {}).get(kind), kind) for k in DECODERS if k != BASELINE]
+            vs = d["vs_speculative"]
+            cells = [stats.printed_interval(vs.get(k, {}).get(kind), kind) for k in DECODERS if k != BASELINE]
             out.append(f"| {name} | {a[0]:.2f} | " + " | ".join(cells) + " |" if a else
                        f"| {name} | — | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
 
-COLORS = {"block": "#4575b4", "mtad": "#d73027", "mmtad": "#7b3294", "specinfer": "#1a9850"}
-
-
 def figure(res: dict, path: Path) -> None:
-    """Two panels along α: block-efficiency ratio and distinct-2 difference against speculative decoding, per
-    decoder, with their intervals."""
+    """Two panels along α (the regime map's, :func:`mtad.study.regimes.figure.decoders_panel`): block-efficiency
+    ratio and distinct-2 difference against speculative decoding, per decoder, with their intervals."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
-    rows = [(d["alpha"], d["vs_speculative"]) for _, d in ordered(res) if d["alpha"]]
-    for ax, (kind, head), ref in ((axes[0], KINDS[0], 1.0), (axes[1], KINDS[2], 0.0)):
-        for k, dec in enumerate(c for c in DECODERS if c != BASELINE):
-            pts = [(a[0] + 0.004 * (k - 1.5), v[dec][kind]) for a, v in rows if v.get(dec, {}).get(kind)]
-            if not pts:
-                continue
-            x = [p[0] for p in pts]
-            y = [p[1][0] for p in pts]
-            lo = [p[1][0] - (p[1][1] if p[1][1] is not None else p[1][0]) for p in pts]
-            hi = [(p[1][2] if p[1][2] is not None else p[1][0]) - p[1][0] for p in pts]
-            ax.errorbar(x, y, yerr=[lo, hi], fmt="o-", ms=4, capsize=2, color=COLORS[dec], label=dec)
-        ax.axhline(ref, color="grey", lw=0.8, ls="--")
-        ax.set_xlabel("draft's held-out α (acceptance rate)")
-        ax.set_ylabel(f"{head} vs speculative")
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
-        ax.grid(alpha=0.3)
-    axes[0].set_title("tokens per target forward, ratio to speculative")
-    axes[1].set_title("distinct-2 of the outputs, minus speculative's")
+    from mtad.study.regimes.figure import decoders_panel
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.6))
+    decoders_panel(axes[0], res, "block_efficiency_ratio")
+    decoders_panel(axes[1], res, "distinct2_diff")
     fig.suptitle(f"Every decoder along draft strength — {res['pair']}, {res['hardware']} (95 % CI over prompts)",
                  fontsize=10)
     fig.tight_layout()

@@ -83,15 +83,6 @@ def analyze(rows: list[dict], search: list[Path]) -> dict:
             "timing": rows[0].get("timing")}
 
 
-def _iv(v, kind) -> str:
-    if v is None or v[0] is None:
-        return "—"
-    d = stats.DIGITS.get(kind, 3)
-    unit = "×" if "speedup" in kind else (" %" if kind == "ppl_change" else "")
-    body = f"{v[0]:.{d}f}{unit} [{v[1]:.{d}f}, {v[2]:.{d}f}]" if v[1] is not None else f"{v[0]:.{d}f}{unit}"
-    return body + (f" ({v[3]})" if v[3] else "")
-
-
 def render(res: dict, pair: str) -> str:
     n = res["n_prompts"]["mtad"]
     t = res["t_matched_interpolated"]
@@ -114,7 +105,7 @@ def render(res: dict, pair: str) -> str:
             "| against | " + " | ".join(h for _, h in KINDS) + " |", "|" + " --- |" * (len(KINDS) + 1)]
     for ref, c in sorted(res["comparisons"].items()):
         mark = " (matched)" if float(ref.split("=")[1]) == res["nearest_T"] else ""
-        out.append(f"| {ref}{mark} | " + " | ".join(_iv(c[k], k) for k, _ in KINDS) + " |")
+        out.append(f"| {ref}{mark} | " + " | ".join(stats.printed_interval(c[k], k) for k, _ in KINDS) + " |")
     return "\n".join(out) + "\n"
 
 

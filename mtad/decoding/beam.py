@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
-from mtad.decoding.filter import Top, draw, draw_support
+from mtad.decoding.filter import Top, dense, draw, draw_support
 from mtad.decoding.kv import Session
 
 # step(parent, tokens, w) feeds the newest beam tokens (B, W_s) (row b's first w[b] real) and returns the
@@ -81,7 +81,7 @@ def beam_sample(q1: "torch.Tensor | Top", step: Step, K: int, W: int, replacemen
         pos = draw_support(q1.p, q1.idx, rng, W)  # (B, W)
         tok, w, q_tok = q1.idx.gather(-1, pos), [W] * q1.p.shape[0], q1.p.gather(-1, pos)
     else:
-        q1 = q1.dense() if isinstance(q1, Top) else q1
+        q1 = dense(q1)
         tok, w = _draw_rows(q1, W, replacement, rng)  # (B, W')
         q_tok = _pad(q1.gather(-1, tok), w)
     tokens, parents, q_toks, widths = [tok], [None], [q_tok], [w]
@@ -95,7 +95,7 @@ def beam_sample(q1: "torch.Tensor | Top", step: Step, K: int, W: int, replacemen
             pos = draw_support(scores, ids, rng, W)  # (B, W)
             idx, q_at, drawn = ids.gather(-1, pos), q.p.flatten(-2).gather(-1, pos), scores.gather(-1, pos)
         else:
-            q = q.dense() if isinstance(q, Top) else q
+            q = dense(q)
             V = q.shape[-1]
             flat = (weight[..., None] * q).flatten(-2)  # (B, W'*V)
             idx, w = _draw_rows(flat, W, replacement, rng)  # (B, W'')
@@ -175,7 +175,7 @@ def rows_step(session: Session, filt: Callable[[torch.Tensor], "torch.Tensor | T
             if isinstance(q, Top):
                 return Top(q.p.view(len(w), w[0], -1), q.idx.view(len(w), w[0], -1), q.V)  # (B, W_s, k)
             return q.view(len(w), w[0], -1)  # (B, W_s, V)
-        q = q.dense() if isinstance(q, Top) else q
+        q = dense(q)
         out = q.new_zeros(len(w), max(w), q.shape[-1])  # (B, max w, V)
         for b, n in enumerate(w):
             out[b, :n] = q[sum(w[:b]):sum(w[:b]) + n]

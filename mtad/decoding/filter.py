@@ -33,6 +33,11 @@ class Top:
         return self.idx.gather(-1, draw_support(self.p, self.idx, rng, n))
 
 
+def dense(law: "torch.Tensor | Top") -> torch.Tensor:
+    """A law over the vocabulary (..., V): a :class:`Top`'s dense form, a tensor as it is."""
+    return law.dense() if isinstance(law, Top) else law
+
+
 def filter_top(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> Top | None:
     """:func:`filter_probs` kept on its top-k support; None where no top-k applies (T = 0, top_k 0 or >= V)."""
     V = logits.shape[-1]

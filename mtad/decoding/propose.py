@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from mtad.decoding.filter import Top, draw
+from mtad.decoding.filter import Top, dense, draw
 from mtad.decoding.ngram import NgramLookup
 
 
@@ -34,7 +34,7 @@ def draft_rows(draft, batch, K: list[int], rng: torch.Generator) -> tuple[list[l
     ids, x, q = batch.pending(draft), [], []
     for _ in range(max(K)):
         law = batch.law(draft.forward(ids)[:, -1])  # (B, V), or its top-k support
-        q.append(law.dense() if isinstance(law, Top) else law)  # (B, V)
+        q.append(dense(law))  # (B, V)
         x.append(law.draw(rng) if isinstance(law, Top) else draw(law, rng))  # (B, 1): one draw per row
         ids = x[-1].tolist()
     if not q:

@@ -85,6 +85,18 @@ def printed(x: float, kind: str) -> float:
     return float(f"{x:.{DIGITS[kind]}f}")
 
 
+def printed_interval(v: Sequence | None, kind: str) -> str:
+    """``[point, low, high, verdict]`` of a ``kind`` comparison as the experiments' tables print it:
+    ``1.12× [1.04, 1.21] (significant)``, ``-0.4 % [-7.9, 7.7] (not significant)``; the point alone without an
+    interval, ``—`` without a point."""
+    if v is None or v[0] is None:
+        return "—"
+    d = DIGITS.get(kind, 3)
+    unit = "×" if NO_CHANGE.get(kind) == 1.0 else (" %" if kind == "ppl_change" else "")
+    body = f"{v[0]:.{d}f}{unit} [{v[1]:.{d}f}, {v[2]:.{d}f}]" if v[1] is not None else f"{v[0]:.{d}f}{unit}"
+    return body + (f" ({v[3]})" if len(v) > 3 and v[3] else "")
+
+
 def judge(iv: Interval) -> str | None:
     """The verdict of an interval **as printed**: "significant" when both printed ends lie on one side of no
     change, "borderline" when one printed end equals it (e.g. a speed-up of 1.05× [1.00, 1.09]: the lower end

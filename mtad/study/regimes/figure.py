@@ -53,8 +53,8 @@ def _paper(ax, y: list[float], label: str) -> None:
     ax.scatter([p[1] for p in PAPER_RUNS], y, marker="*", s=120, color="k", zorder=5, label=label)
 
 
-def _finish(ax, title: str, ylabel: str) -> None:
-    ax.axhline(1, color="grey", lw=0.8, ls=":")
+def _finish(ax, title: str, ylabel: str, ref: float = 1.0) -> None:
+    ax.axhline(ref, color="grey", lw=0.8, ls=":")
     ax.set_title(title, fontsize=10)
     ax.set_ylabel(ylabel)
     ax.set_xlabel("held-out α of the draft (draft card's method; oracle: 1 − λ + λ·α)")
@@ -162,19 +162,29 @@ def tv_panel(ax, res: dict) -> None:
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
 
 
-def decoders_panel(ax, res: dict) -> None:
-    """Every decoder's block efficiency on real text over speculative decoding's, per real draft, with CIs."""
-    rows = sorted((d for d in res["decoders"]["drafts"].values() if d["alpha"]), key=lambda d: d["alpha"][0])
-    for k, dec in enumerate(DECODER_COLORS):
-        ivs = [(d["alpha"][0], d["vs_speculative"].get(dec, {}).get("block_efficiency_ratio")) for d in rows]
+DECODER_PANELS = {  # comparison kind -> (title, y label, no change)
+    "block_efficiency_ratio": ("every decoder on real text (GSM8K + MT-Bench):\ntokens per target forward over "
+                               "speculative's", "block-efficiency ratio", 1.0),
+    "distinct2_diff": ("every decoder on real text (GSM8K + MT-Bench):\ndistinct-2 of the outputs minus "
+                       "speculative's", "distinct-2 difference", 0.0),
+}
+
+
+def decoders_panel(ax, dec: dict, kind: str = "block_efficiency_ratio") -> None:
+    """Every decoder against speculative decoding on real text (``decoders.json``: a ``kind`` comparison of
+    ``experiments/regime_decoders.py``), per real draft along α, with paired CIs."""
+    rows = sorted((d for d in dec["drafts"].values() if d["alpha"]), key=lambda d: d["alpha"][0])
+    for k, name in enumerate(DECODER_COLORS):
+        ivs = [(d["alpha"][0], d["vs_speculative"].get(name, {}).get(kind)) for d in rows]
         ivs = [(a, iv) for a, iv in ivs if iv]
         if ivs:
             ax.errorbar([a + 0.004 * (k - 1.5) for a, _ in ivs], [iv[0] for _, iv in ivs],
                         yerr=_err([iv[:3] for _, iv in ivs]), fmt="o-", ms=4, lw=1, capsize=2,
-                        color=DECODER_COLORS[dec], label=f"{dec} decoder / speculative, paired 95 % CI")
-    _paper(ax, [p[2] / p[3] for p in PAPER_RUNS], "paper, MTAD / SpecInfer tree (x: SpecInfer acceptance)")
-    _finish(ax, "every decoder on real text (GSM8K + MT-Bench):\ntokens per target forward over speculative's",
-            "block-efficiency ratio")
+                        color=DECODER_COLORS[name], label=f"{name} decoder / speculative, paired 95 % CI")
+    if kind == "block_efficiency_ratio":
+        _paper(ax, [p[2] / p[3] for p in PAPER_RUNS], "paper, MTAD / SpecInfer tree (x: SpecInfer acceptance)")
+    title, ylabel, ref = DECODER_PANELS[kind]
+    _finish(ax, title, ylabel, ref)
 
 
 def figure(res: dict, path: Path) -> None:
@@ -187,7 +197,7 @@ def figure(res: dict, path: Path) -> None:
     fig, axes = plt.subplots(3 if third else 2, 2, figsize=(14, 18.5 if third else 12.5))
     if third:
         tv_panel(axes[2, 0], res)
-        decoders_panel(axes[2, 1], res)
+        decoders_panel(axes[2, 1], res["decoders"])
     ratio_panel(axes[0, 0], res, "spec", "block-efficiency ratio MTAD / token-wise speculative")
     ratio_panel(axes[0, 1], res, "block", "block-efficiency ratio MTAD / block verification")
     speed_panel(axes[1, 0], res, "spec", "speed-up MTAD (τ = 0.5) / speculative")
