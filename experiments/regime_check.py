@@ -36,7 +36,7 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's mtad, not an installed one
 
-from mtad._util.paths import REPO_ROOT
+from mtad._util.paths import REPO_ROOT, repo_relative
 from mtad.decoding import DecoderConfig, generate
 from mtad.harness.runner import run_interleaved
 from mtad.harness.sweep import compose_job
@@ -141,7 +141,7 @@ def per_prompt_records(run_dir: Path) -> dict[tuple, dict]:
 def check(name: str, prompts: int, tokens: int, out_dir: Path) -> dict:
     overrides = [*PAIRS[name], "task=gsm8k", f"task.n_prompts={prompts}", "task.few_shot=0",
                  f"decoder.max_new_tokens={tokens}", "num_threads=1", "warmup=1", f"name=regime_check_{name}",
-                 "progress=false", f"results_dir={out_dir}"]
+                 "progress=false", f"results_dir={repo_relative(out_dir)}"]
     cfgs = [compose_job([*DECODERS[d], *overrides]) for d in DECODERS]
     mcfg = ModelConfig.from_any(OmegaConf.to_container(cfgs[0], resolve=True)["model"])
     pair = load_pair(mcfg)
@@ -220,8 +220,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     torch.set_num_threads(1)
-    out = Path(args.out)
+    out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    os.chdir(REPO_ROOT)  # the runs' results_dir is recorded relative to the repository
     for name in args.pair:
         if (out / f"check-{name}.json").is_file():
             log.info("%s: already checked (%s)", name, out / f"check-{name}.json")

@@ -19,12 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's mtad, not an installed one
 
-from mtad._util.paths import REPO_ROOT  # noqa: E402
+from mtad._util.paths import REPO_ROOT, repo_relative  # noqa: E402
 from mtad.report import stats  # noqa: E402
 from mtad.study.regimes.inputs import alphas, drafts  # noqa: E402
 
@@ -45,7 +46,7 @@ def jobs(d: dict, task: str, prompts: int, tokens: int, out: Path) -> list[list[
     """One draft's runs on one task as Hydra overrides, one per decoder."""
     common = [*overrides(d), f"task={task}", f"task.n_prompts={prompts}", "task.few_shot=0",
               f"decoder.max_new_tokens={tokens}", "num_threads=1", "warmup=1", "name=regime_decoders",
-              "progress=false", "perplexity=true", f"results_dir={out}"]
+              "progress=false", "perplexity=true", f"results_dir={repo_relative(out)}"]
     return [[f"decoder={dec}", *common] for dec in DECODERS]
 
 
@@ -197,6 +198,7 @@ def main(argv=None) -> int:
         rows = [json.loads(x) for x in Path(args.rows).read_text().splitlines() if x.strip()]
         search = [Path(args.rows).parent, out]
     else:
+        os.chdir(REPO_ROOT)  # the runs' results_dir is recorded relative to the repository
         from mtad.harness.runner import run_interleaved
         from mtad.harness.sweep import compose_job
 

@@ -19,6 +19,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's mtad, not an installed one
 
-from mtad._util.paths import REPO_ROOT  # noqa: E402
+from mtad._util.paths import REPO_ROOT, repo_relative  # noqa: E402
 from mtad.report import stats  # noqa: E402
 
 KINDS = (("cpu_speedup", "speed-up, CPU time"), ("speedup", "speed-up, wall time"),
@@ -37,7 +38,7 @@ def jobs(prompts: int, tokens: int, temps: list[float], out: Path) -> list[list[
     """The control's runs as Hydra overrides: MTAD, speculative decoding at T = 1 and at each of ``temps``."""
     common = ["model=smollm2_bf16_feature", "task=gsm8k", f"task.n_prompts={prompts}", "task.few_shot=0",
               f"decoder.max_new_tokens={tokens}", "num_threads=1", "warmup=1", "name=regime_temperature",
-              "progress=false", "perplexity=true", f"results_dir={out}"]
+              "progress=false", "perplexity=true", f"results_dir={repo_relative(out)}"]
     runs = [["decoder=mtad", "decoder.tau=0.5"], ["decoder=speculative"]]
     runs += [["decoder=speculative", f"decoder.temperature={t}"] for t in temps]
     return [[*v, *common] for v in runs]
@@ -118,12 +119,13 @@ def main(argv=None) -> int:
     ap.add_argument("--from", dest="rows", help="re-render from these rows (a results .jsonl) and their records")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    out = Path(args.out)
+    out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     if args.rows:
         rows = [json.loads(x) for x in Path(args.rows).read_text().splitlines() if x.strip()]
         search = [Path(args.rows).parent, out]
     else:
+        os.chdir(REPO_ROOT)  # the runs' results_dir is recorded relative to the repository
         from mtad.harness.runner import run_interleaved
         from mtad.harness.sweep import compose_job
 

@@ -7,6 +7,15 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+def repo_relative(path: str | Path) -> str:
+    """``path`` relative to the repository when it lies inside it, else as given: a location recorded in a
+    result (a run's ``results_dir``) then holds no machine's absolute path and travels with the checkout."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
 def default_data_dir() -> Path:
     """``$MTAD_DATA_DIR``, else ``../shared/data`` beside the repository (where CI lays it)."""
     env = os.environ.get("MTAD_DATA_DIR")

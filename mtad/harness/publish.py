@@ -64,6 +64,25 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
 
 
+RESULTS_DIR_LINE = re.compile(r"^results_dir: (.+)$", re.M)
+
+
+def checkout_relative(path: str | Path) -> str:
+    """An absolute ``path`` inside a git checkout (this repository or another worktree of it) relative to that
+    checkout's top, else as given: a publication records where a run wrote without a machine's own paths."""
+    p = Path(path)
+    if not p.is_absolute():
+        return str(path)
+    probe = p
+    while not probe.is_dir() and probe != probe.parent:
+        probe = probe.parent
+    top = _git(probe, "rev-parse", "--show-toplevel").stdout.strip()
+    try:
+        return str(p.relative_to(top)) if top else str(path)
+    except ValueError:
+        return str(path)
+
+
 def provenance_problem(row: dict, root: Path = REPO_ROOT) -> str | None:
     """Why a row's code cannot be re-derived from this repository (None when it can): no recorded commit, a
     dirty tree, or a commit that is not an ancestor of HEAD."""
@@ -132,7 +151,9 @@ def publish(results: Path, name: str, experiment: str | None = None, allow_uncle
             dest.mkdir(parents=True)
             shutil.copy2(where / "samples.jsonl", dest / "samples.jsonl")
             if (where / "resolved_config.yaml").is_file():
-                shutil.copy2(where / "resolved_config.yaml", dest / "resolved_config.yaml")
+                config = (where / "resolved_config.yaml").read_text()
+                (dest / "resolved_config.yaml").write_text(RESULTS_DIR_LINE.sub(
+                    lambda m: f"results_dir: {checkout_relative(m.group(1))}", config))
             row = {**row, "run_dir": f"results/published/runs-{name}/{short}",
                    "publication": {"name": name, "checked": "override" if problem else "clean commit in history",
                                    "override": f"{problem}; published anyway: {allow_unclean}" if problem else None}}
@@ -145,7 +166,7 @@ def publish(results: Path, name: str, experiment: str | None = None, allow_uncle
     written = [published / f"{name}.jsonl", published / f"runs-{name}"]
     written += list(render(name, published))
     add_to_index(published / README, name, len(checked), sum(bool(p) for _, _, p in checked),
-                 command or f"python -m mtad.harness.publish {results} --name {name}")
+                 command or f"python -m mtad.harness.publish {checkout_relative(results)} --name {name}")
     if figures:
         written += draw_figures(name, published)
     return written

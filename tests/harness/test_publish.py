@@ -154,3 +154,28 @@ def test_publish_never_overwrites(tmp_path, head):
     with pytest.raises(pub.PublishError, match="published already"):
         pub.publish(results, "t-4", published=published)
     assert (published / "t-4.jsonl").read_text() == before
+
+
+def test_publish_records_where_runs_wrote_relative_to_their_checkout(tmp_path, head):
+    """A run's resolved config names its results_dir with the machine's absolute path (a run from another
+    checkout); the published copy and the index's command name it relative to that checkout. Control: a path in
+    no checkout is kept as it is."""
+    from mtad._util.paths import repo_relative
+
+    checkout = tmp_path / "wt"
+    subprocess.run(["git", "init", "-q", str(checkout)], check=True)
+    results = _rows(tmp_path, head, False)
+    moved = checkout / "results" / "x"
+    moved.parent.mkdir(parents=True)
+    results.parent.rename(moved)
+    for run in (moved / "runs").iterdir():
+        (run / "resolved_config.yaml").write_text(f"name: x\nresults_dir: {moved}\nseed: 0\n")
+    published = tmp_path / "published"
+    pub.publish(moved / "r.jsonl", "t-rel", published=published)
+    configs = [p.read_text() for p in (published / "runs-t-rel").glob("*/resolved_config.yaml")]
+    assert len(configs) == 3 and all(c == "name: x\nresults_dir: results/x\nseed: 0\n" for c in configs)
+    assert "python -m mtad.harness.publish results/x/r.jsonl --name t-rel" in (published / "README.md").read_text()
+    outside = Path("/nonexistent-mtad-path/results")
+    assert pub.checkout_relative(outside) == str(outside)  # control
+    assert repo_relative(REPO_ROOT / "results" / "regimes") == "results/regimes"
+    assert repo_relative(outside) == str(outside)
