@@ -22,7 +22,6 @@ Writes ``results/published/batch_bench.json`` (``--out``) and a figure beside it
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import statistics
@@ -35,6 +34,7 @@ import torch
 
 from mtad._util.paths import REPO_ROOT
 from mtad.decoding import generate
+from mtad.harness import clicheck
 from mtad.harness.rows import environment_info, git_info
 from mtad.measure.costmodel import Profile, batch_cost_per_token, measure_batch, speculation_stops_paying
 from mtad.models.load import load_pair
@@ -56,6 +56,11 @@ def compose(overrides):
     register_configs()
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
         return OmegaConf.to_container(hydra_compose("config", overrides=list(overrides)), resolve=True)
+
+
+def batch_widths(text: str) -> list[int]:
+    """``--batches``: comma-separated batch widths, each >= 1."""
+    return [clicheck.positive_int(b) for b in clicheck.comma_list()(text)]
 
 
 def gsm8k_prompts(pair, n: int, chat: bool) -> list[list[int]]:
@@ -95,19 +100,23 @@ def interval(xs: list[float]) -> tuple[float, float, float]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--new", type=int, default=48, help="max_new_tokens")
-    p.add_argument("--batches", default="1,4,16")
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--gamma", type=int, default=4)
+    p = clicheck.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--prompts", type=clicheck.positive_int, default=16)
+    p.add_argument("--new", type=clicheck.positive_int, default=48, help="max_new_tokens")
+    p.add_argument("--batches", type=batch_widths, default="1,4,16", help="batch widths, comma-separated")
+    p.add_argument("--reps", type=clicheck.positive_int, default=3)
+    p.add_argument("--gamma", type=clicheck.positive_int, default=4)
     p.add_argument("--out", default=str(REPO_ROOT / "results" / "published" / "batch_bench.json"))
     p.add_argument("--replot", action="store_true", help="redraw the figure of --out from its JSON, no decoding")
     p.add_argument("overrides", nargs="*", help="Hydra overrides (default model=smollm2)")
     args = p.parse_args(argv)
     if args.replot:
-        figure(json.loads(Path(args.out).read_text()), Path(args.out).with_suffix(".png"))
+        out = clicheck.check_or_exit(p, clicheck.json_file("--replot redraws the figure of the JSON this benchmark "
+                                                           "wrote (--out)"), args.out)
+        figure(json.loads(out.read_text()), out.with_suffix(".png"))
         return 0
+    clicheck.check_or_exit(p, clicheck.writable_file, args.out, "--out")
+    clicheck.check_or_exit(p, clicheck.check_overrides, args.overrides)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     overrides = args.overrides if any(o.startswith("model=") for o in args.overrides) else \
         ["model=smollm2", *args.overrides]
@@ -117,7 +126,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(int(cfg["num_threads"]))
     pair = load_pair(cfg["model"])
     prompts = gsm8k_prompts(pair, args.prompts, bool(cfg["model"].get("chat_template", True)))
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = args.batches
 
     def dec(name: str) -> dict:  # the paper's T / top-k / top-p defaults
         return dict(name=name, max_new_tokens=args.new, gamma=args.gamma, beam_width=4)

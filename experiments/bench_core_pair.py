@@ -8,7 +8,6 @@ untimed warm-up (:func:`mtad.measure.overhead.bench_one`); one thread by default
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from omegaconf import OmegaConf
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's mtad, not an installed one
 
 from mtad._util.paths import REPO_ROOT  # noqa: E402
+from mtad.harness import clicheck  # noqa: E402
 from mtad.harness.sweep import compose_job  # noqa: E402
 from mtad.measure.overhead import DECODERS, bench_one, format_table  # noqa: E402
 from mtad.models.load import load_pair  # noqa: E402
@@ -41,13 +41,13 @@ def encode(pair, chat: bool) -> list[list[int]]:
 
 
 def main(argv=None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = clicheck.ArgumentParser(description=__doc__.split("\n")[0])
     known = sorted(p.stem for p in (REPO_ROOT / "conf" / "model").glob("*.yaml"))
     ap.add_argument("--pair", default="smollm2_bf16_feature", help="a conf/model/ name")
     ap.add_argument("--decoders", nargs="*", default=["sampling", "speculative", "mtad", "mmtad", "specinfer"],
                     help=f"subset of {[d for d, _ in DECODERS]}")
-    ap.add_argument("--new", type=int, default=48, help="max_new_tokens per prompt")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--new", type=clicheck.positive_int, default=48, help="max_new_tokens per prompt")
+    ap.add_argument("--threads", type=clicheck.positive_int, default=1, help="torch.set_num_threads")
     args = ap.parse_args(argv)
     if args.pair not in known:
         ap.error(f"--pair {args.pair}: no conf/model/{args.pair}.yaml (choose from {', '.join(known)})")

@@ -49,7 +49,13 @@ from pathlib import Path
 
 import torch
 
+from mtad._util.cli import ArgumentParser, check_or_exit, nonnegative_int, positive_int, real
+from mtad._util.io import writable_file
+from mtad.decoding.config import MIN_TEMPERATURE
 from mtad.measure.timing import Shape, time_forwards, timed
+from mtad.models.draft_head import HEAD_MODES
+from mtad.models.load import DTYPES
+from mtad.models.quantize import QUANTIZE
 
 log = logging.getLogger("bench_hf")
 
@@ -178,28 +184,29 @@ def leviathan_bound(alpha: float, gamma: int, c: float, v: float) -> float:
 
 # ----------------------------------------------------------------------------------------------- main
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke run on the tiny random pair")
-    p.add_argument("--prompts", type=int, default=None, help="GSM8K test prompts (default 4; quick 2)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="default 64; quick 16")
-    p.add_argument("--repeats", type=int, default=None, help="interleaved repeats (default 2; quick 1)")
-    p.add_argument("--gamma", type=int, default=4)
-    p.add_argument("--beam-width", type=int, default=4)
-    p.add_argument("--tau", type=float, default=0.5)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=10)
-    p.add_argument("--top-p", type=float, default=0.9)
-    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    p.add_argument("--prompts", type=positive_int, default=None, help="GSM8K test prompts (default 4; quick 2)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=None, help="default 64; quick 16")
+    p.add_argument("--repeats", type=positive_int, default=None, help="interleaved repeats (default 2; quick 1)")
+    p.add_argument("--gamma", type=positive_int, default=4)
+    p.add_argument("--beam-width", type=positive_int, default=4)
+    p.add_argument("--tau", type=real(0, 1, low_open=True), default=0.5)
+    p.add_argument("--temperature", type=real(MIN_TEMPERATURE), default=1.0, help="T > 0 (the benchmark samples)")
+    p.add_argument("--top-k", type=nonnegative_int, default=10, help="0 keeps the whole vocabulary")
+    p.add_argument("--top-p", type=real(0, 1, low_open=True), default=0.9)
+    p.add_argument("--threads", type=positive_int, default=1, help="torch.set_num_threads (default 1)")
     p.add_argument("--draft", default="models/smollm2-draft", help="the SmolLM2 draft directory")
-    p.add_argument("--draft-head", default="full", help="model.draft_head: full | int8 | reduced | reduced_int8")
-    p.add_argument("--quantize", default="none", help="model.quantize of the target: none | int8")
-    p.add_argument("--dtype", default="float32",
-                   help="model.dtype of both models: float32 | bfloat16 (AVX512-BF16 CPUs)")
+    p.add_argument("--draft-head", default="full", choices=HEAD_MODES, help="model.draft_head of the draft")
+    p.add_argument("--quantize", default="none", choices=QUANTIZE, help="model.quantize of the target")
+    p.add_argument("--dtype", default="float32", choices=DTYPES,
+                   help="model.dtype of both models (bfloat16: AVX512-BF16 CPUs)")
     p.add_argument("--costs", action="store_true",
                    help="only the step-cost table: target fp32/int8 (1 and gamma+1 tokens), draft per head mode")
-    p.add_argument("--cost-reps", type=int, default=15, help="interleaved rounds of the cost table")
+    p.add_argument("--cost-reps", type=positive_int, default=15, help="interleaved rounds of the cost table")
     p.add_argument("--out", default="results/bench.jsonl", help="JSONL file the rows are appended to")
     a = p.parse_args(argv)
+    check_or_exit(p, writable_file, a.out, "--out")
     a.prompts = a.prompts or (2 if a.quick else 4)
     a.max_new_tokens = a.max_new_tokens or (16 if a.quick else 64)
     a.repeats = a.repeats or (1 if a.quick else 2)

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 import mtad  # noqa: E402
-from mtad.harness import sweep  # noqa: E402
+from mtad.harness import clicheck, sweep  # noqa: E402
 from mtad.models.feature_draft import FeatureDraft, feature_config  # noqa: E402
 from mtad.models.pair import ModelPair  # noqa: E402
 
@@ -69,7 +69,19 @@ def record(results, calls: bool) -> list:
             + ([r.calls] if calls else []) for r in results]
 
 
-def main() -> None:
+def parse_args(argv=None):
+    ap = clicheck.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", help="the JSON file of this tree's tokens and accounting (written)")
+    ap.add_argument("--compare", metavar="OLD", type=clicheck.json_file("give the JSON this script wrote in the "
+                                                                        "other tree"),
+                    help="count the cases that differ from OLD, written in another tree")
+    args = ap.parse_args(argv)
+    clicheck.check_or_exit(ap, clicheck.writable_file, args.out, "out")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
     torch.set_num_threads(1)
     out = {}
     cfgs = configs()
@@ -90,10 +102,10 @@ def main() -> None:
                         out[key + "|batch"] = record(rows, calls=False)
                     except ValueError as err:  # a decoder or draft that takes one prompt at a time
                         out[key + "|batch"] = f"refused: {str(err)[:60]}"
-    json.dump(out, open(sys.argv[1], "w"), sort_keys=True)
+    json.dump(out, open(args.out, "w"), sort_keys=True)
     print(len(cfgs), "configs", len(out), "cases;", sum(isinstance(v, str) for v in out.values()), "refused")
-    if "--compare" in sys.argv:
-        old = json.load(open(sys.argv[sys.argv.index("--compare") + 1]))
+    if args.compare:
+        old = json.load(open(args.compare))
         diff = [k for k in out if old.get(k) != out[k]]
         print(f"differ: {len(diff)} of {len(out)} ({sum(not k.endswith('|batch') for k in diff)} one-prompt cases)")
         for k in diff[:20]:

@@ -56,10 +56,26 @@ def problems(rows: list[dict], device: str, decoders: list[str], tasks: list[str
     return out
 
 
+def parse_args(argv: list[str]):
+    from mtad.harness import clicheck
+
+    ap = clicheck.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("rows", help="the sweep's results file (a missing file: every row is missing)")
+    ap.add_argument("device", choices=("cpu", "cuda"))
+    ap.add_argument("decoders", type=clicheck.comma_list(clicheck.options("decoder")), help="decoder,decoder,...")
+    ap.add_argument("tasks", type=clicheck.comma_list(clicheck.options("task")), help="task,task,...")
+    ap.add_argument("model", choices=clicheck.options("model"), metavar="model", help="the sweep's model=")
+    args = ap.parse_args(argv)
+    if Path(args.rows).is_dir():
+        ap.error(f"{args.rows} is a folder: give the sweep's results file")
+    return args
+
+
 def main(argv: list[str]) -> int:
     from mtad.harness.store import load_results
 
-    path, device, decoders, tasks, model = argv
+    args = parse_args(argv)
+    path, device, decoders, tasks, model = args.rows, args.device, args.decoders, args.tasks, args.model
     name = resolved_name(model, device)
     rows = select(load_results(path) if Path(path).exists() else [], device, name)
     print(table(rows))
@@ -67,7 +83,7 @@ def main(argv: list[str]) -> int:
         print(f"model={model} ran as {name}")
     if model == "tiny":
         print("NOTE: these rows are model=tiny, not the embedded pair")
-    found = problems(rows, device, decoders.split(","), tasks.split(","))
+    found = problems(rows, device, decoders, tasks)
     if found:
         print(f"gpu-check: {'; '.join(found)} (rows of {name} on {device} in {path})", file=sys.stderr)
         return 1

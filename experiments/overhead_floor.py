@@ -19,6 +19,7 @@ from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's mtad, not an installed one
 
+from mtad._util.cli import ArgumentParser  # noqa: E402
 from mtad.decoding.accept import speculative_accept  # noqa: E402
 from mtad.decoding.filter import draw, filter_probs, filter_top  # noqa: E402
 from mtad.measure import overhead  # noqa: E402
@@ -68,7 +69,8 @@ class Loop:
         return toks
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    ArgumentParser(description=__doc__.split("\n")[0]).parse_args(argv)  # no options: --help, or a stray one refused
     torch.set_num_threads(1)
     args = overhead.parse(["--decoders", "speculative"])
     pair = overhead.build_pair(args)

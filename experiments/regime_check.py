@@ -21,7 +21,6 @@ one), and the wall-clock figures are kept beside them. Every point's error (pred
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -38,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from mtad._util.paths import REPO_ROOT, repo_relative
 from mtad.decoding import DecoderConfig, generate
+from mtad.harness import clicheck
 from mtad.harness.runner import run_interleaved
 from mtad.harness.sweep import compose_job
 from mtad.measure.costmodel import parse_calls
@@ -212,16 +212,15 @@ def check(name: str, prompts: int, tokens: int, out_dir: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = clicheck.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pair", action="append", choices=sorted(PAIRS), required=True)
-    ap.add_argument("--prompts", type=int, default=10)
-    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--prompts", type=clicheck.positive_int, default=10)
+    ap.add_argument("--tokens", type=clicheck.positive_int, default=48, help="new tokens per prompt")
     ap.add_argument("--out", default=str(REPO_ROOT / "results" / "regimes" / "check"))
     args = ap.parse_args(argv)
+    out = clicheck.check_or_exit(ap, clicheck.writable_dir, args.out, "--out").resolve()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     torch.set_num_threads(1)
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     os.chdir(REPO_ROOT)  # the runs' results_dir is recorded relative to the repository
     for name in args.pair:
         if (out / f"check-{name}.json").is_file():

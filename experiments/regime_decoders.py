@@ -16,7 +16,6 @@ from (published) rows and their per-prompt records.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's mtad, not an installed one
 
 from mtad._util.paths import REPO_ROOT, repo_relative  # noqa: E402
+from mtad.harness import clicheck  # noqa: E402
 from mtad.report import stats  # noqa: E402
 from mtad.study.regimes.inputs import alphas, drafts  # noqa: E402
 
@@ -71,10 +71,7 @@ def decoder_of(row: dict) -> str:
 
 
 def _iv(iv) -> list | None:
-    if iv is None or iv.point is None:
-        return None
-    verdict = stats.judge(iv) if iv.low is not None and iv.kind in stats.DIGITS else None  # a run's own: none
-    return [iv.point, iv.low, iv.high, verdict]
+    return stats.judged(iv)  # settled where a verdict is printed; a run's own figure has none
 
 
 def analyze(rows: list[dict], search: list[Path], root: Path) -> dict:
@@ -176,17 +173,20 @@ def figure(res: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = clicheck.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--draft", action="append", help="drafts.tsv names (default: every real draft)")
-    ap.add_argument("--prompts", type=int, default=10, help="prompts per task")
-    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--prompts", type=clicheck.positive_int, default=10, help="prompts per task")
+    ap.add_argument("--tokens", type=clicheck.positive_int, default=48, help="new tokens per prompt")
     ap.add_argument("--out", default=str(OUT))
-    ap.add_argument("--root", default=str(REPO_ROOT / "results" / "regimes"), help="the regime map's folder")
-    ap.add_argument("--from", dest="rows", help="re-render from these rows (a results .jsonl) and their records")
+    ap.add_argument("--root", default=str(REPO_ROOT / "results" / "regimes"), help="the regime map's folder",
+                    type=clicheck.folder_with("drafts.tsv", "alpha.jsonl", fix="give the regime map's folder "
+                                              "(results/regimes)"))
+    ap.add_argument("--from", dest="rows", type=clicheck.rows_file("give a results .jsonl written by this "
+                                                                   "script's runs (results/published/NAME.jsonl)"),
+                    help="re-render from these rows (a results .jsonl) and their records")
     args = ap.parse_args(argv)
+    out, root = clicheck.check_or_exit(ap, clicheck.writable_dir, args.out, "--out"), Path(args.root)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    out, root = Path(args.out), Path(args.root)
-    out.mkdir(parents=True, exist_ok=True)
     real = [d for d in drafts(root) if d["oracle_mix"] is None]
     if args.draft:
         unknown = sorted(set(args.draft) - {d["name"] for d in real})

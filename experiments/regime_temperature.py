@@ -15,7 +15,6 @@ in wall time, perplexity, distinct-2 — with paired 95 % intervals over prompts
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -28,6 +27,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's mtad, not an installed one
 
 from mtad._util.paths import REPO_ROOT, repo_relative  # noqa: E402
+from mtad.decoding.config import MIN_TEMPERATURE  # noqa: E402
+from mtad.harness import clicheck  # noqa: E402
 from mtad.report import stats  # noqa: E402
 
 KINDS = (("cpu_speedup", "speed-up, CPU time"), ("speedup", "speed-up, wall time"),
@@ -69,7 +70,7 @@ def analyze(rows: list[dict], search: list[Path]) -> dict:
         comps[ref] = {}
         for kind, _ in KINDS:
             iv = stats.compare(kind, recs["mtad"], recs[ref])
-            comps[ref][kind] = [iv.point, iv.low, iv.high, stats.judge(iv)] if iv is not None else None
+            comps[ref][kind] = stats.judged(iv)  # [point, low, high, verdict], the interval settled
     m = {k: r["metrics"] for k, r in by.items()}
     return {"perplexity": ppl, "t_matched_interpolated": t_star, "perplexity_monotone_in_T": monotone,
             "nearest_T": nearest, "comparisons": comps,
@@ -111,16 +112,18 @@ def render(res: dict, pair: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--prompts", type=int, default=30)
-    ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--temps", type=float, nargs="+", default=[0.7, 0.8, 0.9])
+    ap = clicheck.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts", type=clicheck.positive_int, default=30)
+    ap.add_argument("--tokens", type=clicheck.positive_int, default=48, help="new tokens per prompt")
+    ap.add_argument("--temps", type=clicheck.real(MIN_TEMPERATURE), nargs="+", default=[0.7, 0.8, 0.9],
+                    help="the colder temperatures of speculative decoding")
     ap.add_argument("--out", default=str(REPO_ROOT / "results" / "regimes" / "temperature"))
-    ap.add_argument("--from", dest="rows", help="re-render from these rows (a results .jsonl) and their records")
+    ap.add_argument("--from", dest="rows", type=clicheck.rows_file("give a results .jsonl written by this "
+                                                                   "script's runs (results/published/NAME.jsonl)"),
+                    help="re-render from these rows (a results .jsonl) and their records")
     args = ap.parse_args(argv)
+    out = clicheck.check_or_exit(ap, clicheck.writable_dir, args.out, "--out").resolve()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     if args.rows:
         rows = [json.loads(x) for x in Path(args.rows).read_text().splitlines() if x.strip()]
         search = [Path(args.rows).parent, out]

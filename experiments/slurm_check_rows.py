@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
+from mtad.harness import clicheck
 from mtad.harness.rows import ResultRow
 
 
@@ -40,8 +41,13 @@ def check(before: list[dict], after: list[dict], decoders: list[str]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    before, after = rows(argv[0]), rows(argv[1])
-    message = check(before, after, argv[2].split(","))
+    ap = clicheck.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("before", type=clicheck.existing_file("give the results file of pass 1"))
+    ap.add_argument("after", type=clicheck.existing_file("give the results file of pass 2"))
+    ap.add_argument("decoders", type=clicheck.comma_list(), help="the sweep's decoders: a,b,c")
+    args = ap.parse_args(argv)
+    before, after = rows(args.before), rows(args.after)
+    message = check(before, after, args.decoders)
     for r in after:
         print(f"  row {r['config_hash'][:12]} {r['decoder']['name']:<12} {r['n_prompts']} prompts "
               f"{r['metrics']['ms_per_token']:.2f} ms/token  job dir {r['run_dir']}")

@@ -9,6 +9,10 @@ written, SIGTERM (``scancel``) taken like Ctrl-C.
   of a long job is usable before the job starts (the missing parent folders are created; nothing is touched).
 - :func:`terminate_like_interrupt`: SIGTERM raises :class:`Terminated`, a ``KeyboardInterrupt``, so the
   paths that clean up after Ctrl-C (the sandbox stopped, a partial run directory dropped, no half row) run.
+- :mod:`mtad._util.cli` (re-exported here): the one-line :class:`ArgumentParser` and the argument types every
+  command line shares (counts, finite numbers in a range, input files of a format, folders), so that a bad
+  value is refused while the command line is parsed, before any model loads: one
+  ``<program>: error: argument --x: ...`` line, exit status 2.
 """
 from __future__ import annotations
 
@@ -20,6 +24,20 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf.errors import OmegaConfBaseException
 
+from mtad._util.cli import (  # noqa: F401 - the entry points' argument types
+    ArgumentParser,
+    check_or_exit,
+    comma_list,
+    count,
+    existing_file,
+    folder_with,
+    json_file,
+    nonnegative_int,
+    pickle_file,
+    positive_int,
+    real,
+    rows_file,
+)
 from mtad._util.io import writable_dir, writable_file  # noqa: F401 - the entry points' output checks
 from mtad._util.paths import REPO_ROOT
 from mtad.harness.config import experiment_name, register_configs
@@ -129,3 +147,4 @@ def cli_overrides(argv: Sequence[str]) -> list[str] | None:
     if any(a.split("=")[0] in OTHER_CONFIG for a in argv):
         return None
     return [a for a in argv if "=" in a and not a.startswith("-")]
+

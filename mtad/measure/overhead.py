@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from mtad._util.cli import ArgumentParser, check_or_exit, positive_int
+from mtad._util.io import writable_file
 from mtad.measure.timing import time_decodes
 from mtad.models.pair import ModelPair
 
@@ -88,24 +90,26 @@ def format_table(rows: list[dict]) -> str:
 
 
 def parse(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m mtad.measure.overhead", description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog="python -m mtad.measure.overhead", description=__doc__.split("\n\n")[0])
     ap.add_argument("--decoders", nargs="*", default=[d for d, _ in DECODERS],
                     help=f"subset of {[d for d, _ in DECODERS]}")
-    ap.add_argument("--prompts", type=int, default=3)
-    ap.add_argument("--prompt-len", type=int, default=16)
-    ap.add_argument("--new", type=int, default=64, help="max_new_tokens per prompt")
-    ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--draft-hidden", type=int, default=64)
-    ap.add_argument("--draft-layers", type=int, default=1)
+    ap.add_argument("--prompts", type=positive_int, default=3)
+    ap.add_argument("--prompt-len", type=positive_int, default=16)
+    ap.add_argument("--new", type=positive_int, default=64, help="max_new_tokens per prompt")
+    ap.add_argument("--vocab", type=positive_int, default=4096)
+    ap.add_argument("--hidden", type=positive_int, default=256)
+    ap.add_argument("--layers", type=positive_int, default=4)
+    ap.add_argument("--draft-hidden", type=positive_int, default=64)
+    ap.add_argument("--draft-layers", type=positive_int, default=1)
     ap.add_argument("--draft", choices=["random", "same"], default="random")
-    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    ap.add_argument("--threads", type=positive_int, default=1, help="torch.set_num_threads")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     args = ap.parse_args(argv)
     unknown = sorted(set(args.decoders) - {d for d, _ in DECODERS})
     if unknown:
         ap.error(f"unknown decoder(s) {unknown}: valid are {[d for d, _ in DECODERS]}")
+    if args.json is not None:
+        check_or_exit(ap, writable_file, args.json, "--json")
     return args
 
 

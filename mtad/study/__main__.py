@@ -24,7 +24,15 @@ from omegaconf import OmegaConf
 from mtad._util.io import writable_dir, writable_file
 from mtad._util.paths import REPO_ROOT
 from mtad.decoding import DecoderConfig
-from mtad.harness.clicheck import terminate_like_interrupt
+from mtad.decoding.config import MIN_TEMPERATURE
+from mtad.harness.clicheck import (
+    ArgumentParser,
+    nonnegative_int,
+    pickle_file,
+    positive_int,
+    real,
+    terminate_like_interrupt,
+)
 from mtad.harness.rows import environment_info, git_info
 from mtad.harness.sweep import compose_job
 from mtad.models.load import ModelConfig, load_pair
@@ -38,38 +46,40 @@ STUDIES = ("verifiers",)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m mtad.study", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m mtad.study", description=__doc__.split("\n\n")[0])
     p.add_argument("study", choices=STUDIES, help="verifiers: every accept rule on the same drafts and uniforms")
     p.add_argument("--model", default="smollm2_feature", help="a conf/model/ pair with a draft")
     p.add_argument("--tasks", nargs="+", default=["gsm8k", "mt_bench"], help="conf/task/ names")
-    p.add_argument("--prompts", type=int, default=30, help="prompts per task")
-    p.add_argument("--tokens", type=int, default=64, help="continuation tokens per prompt (contexts lie on it)")
-    p.add_argument("--stride", type=int, default=4, help="a context every this many continuation tokens")
+    p.add_argument("--prompts", type=positive_int, default=30, help="prompts per task")
+    p.add_argument("--tokens", type=positive_int, default=64,
+                   help="continuation tokens per prompt (contexts lie on it)")
+    p.add_argument("--stride", type=positive_int, default=4, help="a context every this many continuation tokens")
     p.add_argument("--continuation", choices=("sampled", "greedy"), default="sampled",
                    help="the target's own sampled (T, top-k, top-p below) or greedy continuation")
-    p.add_argument("--gamma", type=int, default=4, help="K, draft tokens per block")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=10)
-    p.add_argument("--top-p", type=float, default=0.9)
-    p.add_argument("--tv-contexts", type=int, default=4, help="fixed contexts for the TV estimate (one per prompt)")
-    p.add_argument("--tv-draws", type=int, default=400, help="fresh drafts per fixed context")
-    p.add_argument("--mtad-taus", type=float, nargs="+", default=[0.1, 0.5, 0.9], help="MTAD joint-rule τ values")
-    p.add_argument("--oracle-mix", type=float, default=None,
+    p.add_argument("--gamma", type=positive_int, default=4, help="K, draft tokens per block")
+    p.add_argument("--temperature", type=real(MIN_TEMPERATURE), default=1.0, help="T > 0 (at T = 0 every rule is "
+                                                                                   "exact matching)")
+    p.add_argument("--top-k", type=nonnegative_int, default=10, help="0 keeps the whole vocabulary")
+    p.add_argument("--top-p", type=real(0, 1, low_open=True), default=0.9)
+    p.add_argument("--tv-contexts", type=nonnegative_int, default=4,
+                   help="fixed contexts for the TV estimate (one per prompt)")
+    p.add_argument("--tv-draws", type=positive_int, default=400, help="fresh drafts per fixed context")
+    p.add_argument("--mtad-taus", type=real(0, 1, low_open=True), nargs="+", default=[0.1, 0.5, 0.9],
+                   help="MTAD joint-rule τ values")
+    p.add_argument("--oracle-mix", type=real(0, 1), default=None,
                    help="λ: draft from the oracle mixture λ·q + (1−λ)·p (hardware-free accepted lengths only)")
     p.add_argument("--continuation-cache", default=None,
                    help="a JSON file that keeps the target's continuations for runs that differ in the draft only")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--seed", type=nonnegative_int, default=0)
+    p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads")
     p.add_argument("--out", default=str(REPO_ROOT / "results" / "published" / "verifiers"))
     p.add_argument("--name", default=None, help="file stem (default verifier_study-<model>)")
     p.add_argument("--save-raw", default=None, help="also pickle the per-context measurements here (re-render)")
-    p.add_argument("--render-raw", default=None, help="write the outputs from a --save-raw file; run nothing")
+    p.add_argument("--render-raw", default=None, type=pickle_file("give a file written with --save-raw"),
+                   help="write the outputs from a --save-raw file; run nothing")
     p.add_argument("overrides", nargs="*", help="Hydra overrides of the model/task configs")
     args = p.parse_intermixed_args(argv)  # Hydra overrides may come before or after options
-    for key in ("prompts", "tokens", "stride", "gamma", "tv_draws", "threads"):
-        if getattr(args, key) < 1:
-            p.error(f"--{key.replace('_', '-')}={getattr(args, key)} is out of range: an integer >= 1")
-    if args.tv_contexts < 0 or args.tv_contexts > args.prompts:
+    if args.tv_contexts > args.prompts:
         p.error(f"--tv-contexts={args.tv_contexts} is out of range: 0 to --prompts ({args.prompts})")
     return args
 
@@ -127,9 +137,14 @@ def write(results, meta: dict, args: argparse.Namespace) -> list[Path]:
 
 def render_raw(args: argparse.Namespace) -> list[Path]:
     """The outputs from a ``--save-raw`` file (our own pickle: load only files this command wrote)."""
-    saved = pickle.loads(Path(args.render_raw).read_bytes())
-    taus = tuple(saved["meta"].get("mtad_taus", (0.1, 0.5, 0.9)))
-    return write([from_plain(d, rules(mtad_taus=taus)) for d in saved["tasks"]], saved["meta"], args)
+    try:
+        saved = pickle.loads(Path(args.render_raw).read_bytes())
+        taus = tuple(saved["meta"].get("mtad_taus", (0.1, 0.5, 0.9)))
+        studied = [from_plain(d, rules(mtad_taus=taus)) for d in saved["tasks"]]
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, KeyError, IndexError, TypeError) as err:
+        raise ValueError(f"--render-raw {args.render_raw} is not a study's --save-raw file ({type(err).__name__}: "
+                         f"{err}): give a file written with --save-raw") from None
+    return write(studied, saved["meta"], args)
 
 
 def check_outputs(args: argparse.Namespace) -> None:
@@ -146,7 +161,10 @@ def check_outputs(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except SystemExit as stop:  # --help, or a bad argument (its one line printed): the status, as every exit here
+        return stop.code
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     terminate_like_interrupt()
     try:

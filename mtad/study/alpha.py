@@ -9,6 +9,7 @@ so α_λ = 1 − λ + λ·α exactly, position by position (:func:`mixture_alpha
 """
 from __future__ import annotations
 
+import argparse
 import logging
 from pathlib import Path
 
@@ -16,11 +17,12 @@ import numpy as np
 import torch
 
 from mtad._util.paths import REPO_ROOT, default_data_dir
+from mtad.harness.clicheck import ArgumentParser, check_or_exit, positive_int, writable_file
 from mtad.harness.rows import git_info
 from mtad.models import smollm2
 from mtad.models.draft_head import HEAD_FILE, install_head
 from mtad.models.load import load_tied_draft, resolve_local
-from mtad.models.selfspec import derived_draft, is_derived
+from mtad.models.selfspec import derived_draft, is_derived, parse
 from mtad.report.stats import ratio_interval
 from mtad.train.config import TrainDraftConfig
 from mtad.train.corpus import Corpus
@@ -87,21 +89,38 @@ def load_draft(spec: str, target, head: str = "reduced"):
     return draft
 
 
+def draft_item(text: str) -> str:
+    """An argument ``name=draft``: a name and a draft :func:`load_draft` can load (a ``target:...`` spec that
+    parses, or an existing directory); checked before the target loads."""
+    name, eq, spec = text.partition("=")
+    if not (name and eq and spec):
+        raise argparse.ArgumentTypeError(f"{text!r} is not name=draft: give e.g. token=models/smollm2-draft")
+    if is_derived(spec):
+        try:
+            parse(spec)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"{text}: {err}") from None
+    elif resolve_local(spec) is None:
+        raise argparse.ArgumentTypeError(f"{text}: no directory {spec}: give a draft's folder (lineage exports: "
+                                         "experiments/regime_lineage.sh) or a target:... spec")
+    return text
+
+
 def main(argv=None) -> int:
     """``python -m mtad.study.alpha NAME=DRAFT ... [--out FILE]``: held-out α of each draft (a directory or a
     ``target:...`` spec), one JSON line per draft appended to ``--out`` (drafts already there are skipped)."""
-    import argparse
     import json
     import time
 
-
-    ap = argparse.ArgumentParser(prog="python -m mtad.study.alpha", description=main.__doc__.split("\n")[0])
-    ap.add_argument("drafts", nargs="+",
+    ap = ArgumentParser(prog="python -m mtad.study.alpha", description=main.__doc__.split("\n")[0])
+    ap.add_argument("drafts", nargs="+", type=draft_item,
                     help="name=draft (models/smollm2-draft, .cache/regimes/lineage/run1, target:int8)")
     ap.add_argument("--out", default=str(REPO_ROOT / "results" / "regimes" / "alpha.jsonl"))
     ap.add_argument("--cache", default=str(REPO_ROOT / ".cache" / "regimes" / "eval_set.pt"))
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=positive_int, default=1)
     args = ap.parse_args(argv)
+    check_or_exit(ap, writable_file, args.out, "--out")
+    check_or_exit(ap, writable_file, args.cache, "--cache")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     torch.set_num_threads(args.threads)
     out = Path(args.out)

@@ -125,7 +125,7 @@ def test_tv_interval_contains_its_point():
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["verifiers", "--temperature", "0"], "--temperature=0 is out of range"),
+    (["verifiers", "--temperature", "0"], "argument --temperature: 0 is out of range"),
     (["verifiers", "--model", "nope"], "model"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, argv, words):
