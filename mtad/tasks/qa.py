@@ -1,9 +1,13 @@
 """Short-answer factual QA: country capitals, chemical-element symbols and NQ-open (docs/TASKS.md).
 
 An answer is cut to its first answering sentence (``postprocess``: a leading preamble such as "Sure!" or
-"Of course," is skipped) and scored against the sample's reference strings after ``normalize``, twice:
+"Of course," is skipped) and scored against the sample's reference strings after ``normalize``:
 
-- ``contains``: a reference appears in the first sentence on word boundaries ("Parisian" is not "Paris");
+- ``asserted`` (the task's score): the first answer the sentence asserts is a reference (:func:`answer_slot`):
+  "Amsterdam, not Brussels" asserts Amsterdam, "It isn't Lyon; it is Paris" asserts Paris, and a list of
+  candidates asserts its first one;
+- ``contains``: a reference appears anywhere in the first sentence on word boundaries ("Parisian" is not
+  "Paris"); the earlier score, kept to compare with rows scored by it;
 - ``exact``: the first phrase (the first sentence up to a comma, semicolon, colon, dash or bracket)
   equals a reference.
 """
@@ -35,8 +39,8 @@ PREAMBLE = re.compile(
     rf"{INTERJECTION}|(?:that's a |what a )?(?:great|good) question|no problem|here you go|happy to help"
     r"|i(?:'d| would) be (?:happy|glad) to help(?: with that)?|i can help with that"
     r"|here(?:'s| is) (?:the|my|your) answer", re.IGNORECASE)
-LEADING_INTERJECTION = re.compile(rf"^(?:{INTERJECTION}\s*,|here(?:'s| is) (?:the|my|your) answer\s*:)\s*",
-                                  re.IGNORECASE)
+LEADING_INTERJECTION = re.compile(
+    rf"^(?:(?:{INTERJECTION}\s*,|here(?:'s|\u2019s| is) (?:the|my|your) answer\s*:)\s*)+", re.IGNORECASE)
 MAX_PREAMBLES = 3  # sentences skipped at most; an answer made only of preamble keeps its first sentence
 
 
@@ -92,6 +96,198 @@ def has_words(text: str, ref: str) -> bool:
     return bool(ref) and f" {ref} " in f" {text} "
 
 
+# ---- the asserted answer ---------------------------------------------------------------------------
+# Marks that ``normalize`` keeps as words of their own: a phrase boundary (comma, semicolon, spaced dash), a
+# colon, a parenthetical's ends, and the question's own subject (the country, the element) where the answer
+# names it.
+BREAK, COLON, OPEN, CLOSE, SUBJECT = "\x00", "\x01", "\x03", "\x04", "\x02"
+BOUNDARY = frozenset({BREAK, COLON})
+MARKS = re.compile(r"[\x00-\x04]")
+BREAKS = re.compile(r"[,;](?=\s|$)|\s[-\u2013\u2014]\s|[\[\]]")
+PARENTHETICAL = re.compile(r"\(([^()]*)(?:\)|$)")  # "Aluminium (Al) is ...", or one cut off by the length limit
+CONTRACTION = re.compile(r"\b(it|that|this|here|there|what|which|answer)['\u2019]s\b", re.IGNORECASE)
+COPULA = frozenset({"is", "are", "was", "were", "be"})
+NEGATED_COPULA = frozenset({"isnt", "wasnt", "arent", "werent"})
+NEGATION = frozenset({"not", "never", "neither", "nor"})
+# Words that end the first item of an answer: a list ("Paris or Lyon"), a negation or contrast ("Paris, not
+# Lyon", "Paris but ..."), a relative or subordinate clause ("Paris, which ...").
+ITEM_END = NEGATION | {"or", "and", "but", "which", "who", "whose", "where", "while", "whereas", "although",
+                       "though", "instead", "rather", "than", "unlike", "because", "since", "except"}
+# Words skipped before the answer that follows a rejected one ("not Lyon, but rather Paris").
+CONNECTIVE = BOUNDARY | {"and", "but", "rather", "instead", "actually"}
+# A sentence opening with one of these is not a bare answer ("To buy one, you need to be 18").
+OPENER = frozenset({"to", "if", "when", "while", "because", "although", "though", "in", "for", "as", "since",
+                    "after", "before", "during", "on", "at", "by", "with", "from", "according"})
+# Words that may follow the topic's noun in a label ("Capital of Tunisia, ...", "Chemical symbol for iron: ...").
+LABEL_TAIL = frozenset({"of", "for", "city", SUBJECT})
+# Subjects that stand for the answer itself ("It is Paris", "The answer is Paris").
+ANSWER_WORDS = frozenset({"it", "this", "that", "answer", "which", "one", "name"})
+UNITS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve thirteen "
+                                    "fourteen fifteen sixteen seventeen eighteen nineteen".split())}
+TENS = {w: 10 * i for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split(), 2)}
+
+
+def numerals(words: list[str]) -> list[str]:
+    """Number words as digits ("twenty one" -> "21", "Five" -> "5"); other words unchanged."""
+    out, i = [], 0
+    while i < len(words):
+        w = words[i].lower()
+        unit = UNITS.get(words[i + 1].lower()) if w in TENS and i + 1 < len(words) else None
+        if unit is not None and 0 < unit < 10:
+            out.append(str(TENS[w] + unit))
+            i += 2
+            continue
+        out.append(str(UNITS[w]) if w in UNITS else str(TENS[w]) if w in TENS else words[i])
+        i += 1
+    return out
+
+
+def keys(words: list[str]) -> list[str]:
+    """The words as keywords are matched: lower case where a phrase starts ("Not Lyon", "It is Co"); elsewhere
+    as written, so that a case-sensitive symbol ("Be", "In", "No") is never read as a word."""
+    return [w.lower() if k == 0 or words[k - 1] in BOUNDARY else w for k, w in enumerate(words)]
+
+
+def phrase(words: list[str], start: int) -> list[str]:
+    """``words`` from ``start`` (leading boundaries skipped) to the next boundary."""
+    while start < len(words) and words[start] in BOUNDARY:
+        start += 1
+    end = next((j for j in range(start, len(words)) if words[j] in BOUNDARY), len(words))
+    return words[start:end]
+
+
+def item_end(words: list[str], start: int) -> int:
+    """Where the item at ``start`` ends: a boundary, or an ``ITEM_END`` word after its first word."""
+    k, end = keys(words), start + 1
+    while end < len(words) and words[end] not in BOUNDARY and k[end] not in ITEM_END:
+        end += 1
+    return end
+
+
+def without_parentheticals(words: list[str]) -> tuple[list[str], list[str] | None]:
+    """``words`` with every parenthetical dropped, and the first one that glosses the question's subject
+    ("Zirconium (Zr)", "samarium (Sm)") when it lies in the first phrase."""
+    out, gloss, depth, first_phrase = [], None, [], True
+    for j, w in enumerate(words):
+        if w == OPEN:
+            depth.append(j)
+        elif w == CLOSE:
+            if depth and gloss is None and first_phrase and depth[0] > 0 and words[depth[0] - 1] == SUBJECT:
+                gloss = words[depth[0] + 1:j]
+            depth = []
+        elif not depth:
+            out.append(w)
+            first_phrase = first_phrase and w not in BOUNDARY
+    return out, gloss
+
+
+def answer_slot(words: list[str], cues: frozenset[str] = frozenset(), nouns: frozenset[str] = frozenset()
+                ) -> list[str]:
+    """The phrase that holds the first answer the (normalised, marked) sentence asserts; the answer is its first
+    item (:func:`asserts`). A gloss of the question's subject in the first phrase ("Zirconium (Zr) is ...") is
+    that phrase; other parentheticals are dropped. The rest is read in order, from the start or from just
+    after a rejected answer:
+
+    1. a leading label is skipped: a phrase before a colon, or before a boundary when it has no verb and ends
+       naming the topic (``cues``, "answer") or is only the question's subject: "Finnish: Helsinki", "Danish
+       capital, Copenhagen", "Tunisia, capital of Tunisia is Tunis";
+    2. a leading negation rejects the item after it: "Not Lyon, but Paris" is read from "Paris";
+    3. a first phrase with no verb that does not open with a preposition or conjunction, and is not followed by
+       a verb or a cue ("Iodine, a vital element, is denoted by I"), is a bare answer: "Paris.", "Paris, Lyon
+       or Marseille", "Amsterdam, not Brussels";
+    4. else the first assertion "<subject> is/are/was/were/be <predicate>" about the topic (its subject or its
+       predicate names a cue, or the subject is "it"/"the answer"; with no cues every one is): the predicate;
+       the subject where the predicate opens with the topic's noun ("Paris is the capital of France", "Mg is
+       the chemical symbol for magnesium"); the words after the cue where only the predicate names it later
+       ("a chemical element with the symbol Se"). A cue met between assertions, or opening the subject,
+       anchors the answer there ("a metal, with the symbol Rh, and it is ...", "Aluminium, denoted by the
+       symbol Al, is ..."). A negated assertion ("is not Y", "isn't Y") rejects Y and reading goes on after it;
+    5. else the words after the first cue ("an element with the symbol Ti"), else the first phrase.
+
+    [choice] Only the first assertion counts: a later clause or sentence that names another answer does not
+    change it ("Paris, but some say Lyon" asserts Paris), nor does a later retraction.
+    """
+    words, gloss = without_parentheticals(words)
+    if gloss is not None:
+        return gloss
+    lower = [w.lower() for w in words]
+    i = 0
+    while i < len(words):
+        k = keys(words)
+        while i < len(words) and k[i] in CONNECTIVE:
+            i += 1
+        first = phrase(words, i)
+        end = i + len(first)
+        verb = any(w in COPULA or w in NEGATED_COPULA for w in k[i:end])
+        topic = [j for j in range(i, end) if lower[j] in cues or lower[j] == "answer"]
+        names_topic = topic and all(w in LABEL_TAIL for w in lower[topic[-1] + 1:end])
+        if end < len(words) and not verb and (words[end] == COLON or names_topic
+                                              or first and all(w == SUBJECT for w in first)):
+            i = end + 1  # 1. a label
+            continue
+        if first and k[i] in NEGATION:
+            i = item_end(words, i + 1)  # 2. a leading negation
+            continue
+        after = phrase(words, end)
+        if first and not verb and k[i] not in OPENER and not (
+                after and (after[0].lower() in COPULA or after[0].lower() in cues)):
+            return first  # 3. a bare answer
+        last = i
+        for v in range(i, len(words)):
+            if k[v] not in COPULA and k[v] not in NEGATED_COPULA:
+                continue
+            start = max((j + 1 for j in range(i, v) if words[j] in BOUNDARY or k[j] in ITEM_END), default=i)
+            cue = next((j for j in range(last, start + (lower[start] in cues - nouns)) if lower[j] in cues), None)
+            if cue is not None:
+                return phrase(words, cue + 1)  # a cue between assertions
+            subject, rest = words[start:v], v + 1
+            negated = k[v] in NEGATED_COPULA or rest < len(words) and k[rest] in NEGATION
+            rest += k[v] not in NEGATED_COPULA and negated
+            predicate = phrase(words, rest)
+            in_subject = {w.lower() for w in subject} & (cues | ANSWER_WORDS)
+            in_predicate = [j for j, w in enumerate(predicate) if w.lower() in cues]
+            last = rest
+            if cues and not in_subject and not in_predicate:
+                continue
+            if negated:
+                break
+            if nouns & {w.lower() for w in predicate[:2]}:
+                return subject
+            if in_predicate and not in_subject:
+                return predicate[in_predicate[0] + 1:] or predicate
+            return predicate
+        else:
+            cue = next((j for j in range(i, len(words)) if lower[j] in cues), None)
+            return phrase(words, cue + 1) if cue is not None else first  # 5.
+        i = item_end(words, rest)  # a negated assertion: read on after the rejected answer
+    return []
+
+
+def asserts(slot: list[str], refs: list[list[str]]) -> bool:
+    """Whether a reference (as words) is the first item of ``slot``: it occurs there with no ``ITEM_END`` word
+    before it ("the city of Santo Domingo" and "called Tehran" assert the city, "Lyon or Paris" asserts Lyon).
+    A reference may hold such a word itself ("Trinidad and Tobago"). Number words match digits."""
+    slot = numerals(slot)
+    k = keys(slot)
+    for ref in refs:
+        ref = numerals(ref)
+        for p in range(len(slot) - len(ref) + 1):
+            if p and k[p - 1] in ITEM_END:
+                break
+            if slot[p:p + len(ref)] == ref:
+                return True
+    return False
+
+
+def marked_words(sentence: str, keep_case: bool) -> list[str]:
+    """``sentence`` normalised to words, with its phrase boundaries, colons and parentheticals kept as marks and
+    "it's"/"that's"/"here's" spelt out."""
+    text = CONTRACTION.sub(r"\1 is", MARKS.sub(" ", sentence))
+    text = PARENTHETICAL.sub(lambda m: f" {OPEN} {m[1]} {CLOSE} ", text)
+    text = re.sub(r":(?=\s|$)", f" {COLON} ", BREAKS.sub(f" {BREAK} ", text))
+    return normalize(text, keep_case).split()
+
+
 def string_list(row: dict, key: str, required: bool) -> list[str]:
     """``row[key]`` as a list of non-empty strings (non-empty when ``required``; absent = [] otherwise)."""
     value = row[key] if required else row.get(key, [])
@@ -105,8 +301,12 @@ def string_list(row: dict, key: str, required: bool) -> list[str]:
 class ShortAnswerTask(Task):
     """A zero-shot question with a short answer; ``Sample.reference`` is the list of accepted answers."""
 
-    metric = "contains"
+    metric = "asserted"
     keep_case: ClassVar[bool] = False  # element symbols are case-sensitive
+    # Words that show a clause is about the answer (:func:`answer_slot`); none: every clause is.
+    cues: ClassVar[frozenset[str]] = frozenset()
+    # The topic's noun, for "<answer> is the <noun> of ..." (:func:`answer_slot` step 4).
+    nouns: ClassVar[frozenset[str]] = frozenset()
     instruction: ClassVar[str] = "Answer with a short phrase only."
     user_prefix = "Question: "
     assistant_prefix = "Answer:"
@@ -120,15 +320,32 @@ class ShortAnswerTask(Task):
         return answer_sentence(LABEL.sub("", cut_at(completion.strip(), self.cfg.stop).strip()))
 
     def mask(self, sample: Sample, text: str) -> str:
-        """The normalised sentence as ``contains`` reads it (capitals hide the question's country)."""
+        """The normalised sentence with a restatement of the question marked (capitals: the country)."""
         return text
 
+    def subject(self, sample: Sample) -> str | None:
+        """The question's subject, when naming it is never the answer (marked ``SUBJECT`` for ``asserted``)."""
+        return None
+
+    def slot(self, sample: Sample, sentence: str) -> list[str]:
+        """The words of ``sentence`` that hold its first asserted answer (:func:`answer_slot`)."""
+        text = self.mask(sample, " ".join(marked_words(sentence, self.keep_case)))
+        subject = self.subject(sample)
+        if subject and normalize(subject, self.keep_case):
+            text = re.sub(rf"(?<!\w){re.escape(normalize(subject, self.keep_case))}s?(?!\w)", SUBJECT, text,
+                          flags=re.IGNORECASE)
+        return answer_slot(text.split(), self.cues, self.nouns)
+
     def score(self, sample: Sample, completion: str) -> dict[str, float]:
+        """``asserted``, ``contains`` and ``exact`` (module docstring) of the first answering sentence; an exact
+        answer also counts as asserted and contained."""
         sentence = self.postprocess(sample, completion)
         refs = {normalize(r, self.keep_case) for r in sample.reference} - {""}
         text = self.mask(sample, normalize(sentence, self.keep_case))
         exact = normalize(first_phrase(sentence), self.keep_case) in refs
-        return {"contains": float(exact or any(has_words(text, r) for r in refs)), "exact": float(exact)}
+        asserted = exact or asserts(self.slot(sample, sentence), [r.split() for r in refs])
+        return {"asserted": float(asserted), "contains": float(exact or any(has_words(text, r) for r in refs)),
+                "exact": float(exact)}
 
 
 # Other names of the same city, and the second official capital or seat of government where the source
@@ -151,6 +368,7 @@ class Capitals(ShortAnswerTask):
 
     subdir = "capitals"
     instruction = "Answer with the name of the city only."
+    cues = nouns = frozenset({"capital"})
 
     def load(self) -> list[Sample]:
         def parse(row: dict, i: int) -> Sample:
@@ -162,10 +380,18 @@ class Capitals(ShortAnswerTask):
         return self.read("capitals.jsonl", parse)
 
     def mask(self, sample: Sample, text: str) -> str:
-        """Drop "capital (city) of <country>" and "<country>('s) capital" so that restating the question
-        does not count where the capital's name is the country's ("The capital of Monaco is Monte Carlo")."""
+        """Mark the country in "capital (city) of <country>" and "<country>('s) capital" so that restating the
+        question does not count where the capital's name is the country's ("The capital of Monaco is Monte
+        Carlo")."""
         country = re.escape(normalize(sample.meta["country"]))
-        return re.sub(rf"\bcapital (?:city )?of {country}\b|\b{country}s? capital\b", " ", text)
+        return re.sub(rf"\b(capital (?:city )?of) {country}\b|\b{country}s?( capital)\b",
+                      lambda m: f"{m[1]} {SUBJECT}" if m[1] else f"{SUBJECT}{m[2]}", text)
+
+    def subject(self, sample: Sample) -> str | None:
+        """The country, unless a reference names it ("Monaco"; "Panama City" holds "Panama")."""
+        country = normalize(sample.meta["country"])
+        refs = [normalize(r) for r in sample.reference]
+        return None if any(has_words(r, country) for r in refs) else sample.meta["country"]
 
 
 @register("elements")
@@ -175,6 +401,12 @@ class Elements(ShortAnswerTask):
     subdir = "elements"
     keep_case = True
     instruction = "Answer with the symbol only, capitalized correctly."
+    cues = frozenset({"symbol", "denoted", "represented", "abbreviated", "abbreviation", "written"})
+    nouns = frozenset({"symbol"})
+
+    def subject(self, sample: Sample) -> str | None:
+        """The element's name: "Cobalt, Co." names the element first, then answers."""
+        return sample.meta["element"]
 
     def load(self) -> list[Sample]:
         def parse(row: dict, i: int) -> Sample:

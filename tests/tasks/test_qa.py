@@ -1,4 +1,5 @@
-"""Short-answer QA tasks (capitals, elements, nq_open): normalisation, contains/exact scoring, loading, prompts."""
+"""Short-answer QA tasks (capitals, elements, nq_open): normalisation, asserted/exact scoring, loading, prompts
+(the asserted answer's rules, judged by a reader: test_qa_asserted.py)."""
 from __future__ import annotations
 
 import json
@@ -50,8 +51,8 @@ def capitals(tmp_path):
 
 def score(t, sample, text) -> tuple[float, float]:
     s = t.score(sample, text)
-    assert set(s) == {"contains", "exact"} and s["exact"] <= s["contains"]
-    return s["contains"], s["exact"]
+    assert set(s) == {"asserted", "contains", "exact"} and s["exact"] <= s["asserted"]
+    return s["asserted"], s["exact"]
 
 
 # ---- normalisation ------------------------------------------------------------------------------------
@@ -173,7 +174,7 @@ def test_elements_symbols_are_case_sensitive(tmp_path):
     assert score(t, co, "Cobalt.") == (0, 0)  # the name, not the symbol
     assert score(t, s["8"], "O") == (1, 1) and score(t, s["8"], "Os") == (0, 0)
     assert t.aggregate([t.score(co, "Co"), t.score(co, "The symbol is Co."), t.score(co, "CO")]) == {
-        "contains": 2 / 3, "exact": 1 / 3}
+        "asserted": 2 / 3, "contains": 2 / 3, "exact": 1 / 3}
 
 
 def test_nq_open_answer_lists(tmp_path):
@@ -213,7 +214,7 @@ def test_real_data_loads_with_aliases():
     assert len(samples) == 193 and caps.skipped == 0
     assert samples["USA"].reference == ["Washington D.C.", "Washington"]
     assert samples["BOL"].reference == ["Sucre", "La Paz"] and samples["FRA"].reference == ["Paris"]
-    assert caps.score(samples["BRA"], "Brasilia") == {"contains": 1.0, "exact": 1.0}
+    assert caps.score(samples["BRA"], "Brasilia") == {"asserted": 1.0, "contains": 1.0, "exact": 1.0}
     elements = get_task(TaskConfig(name="elements", n_prompts=0))
     symbols = {s.id: s.reference for s in elements.samples()}
     assert len(symbols) == 118 and symbols["27"] == ["Co"] and elements.skipped == 0
