@@ -13,10 +13,13 @@ import gzip
 import importlib.util
 import json
 import logging
+import os
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -88,11 +91,45 @@ def _csv_rows(path: Path) -> Iterator[tuple[str, Any]]:
             yield f"{path}:{reader.line_num}", row
 
 
-def hub_dataset(hub_id: str, config: str | None, split: str) -> Any:
-    """A Hugging Face dataset split (downloads unless HF_DATASETS_OFFLINE / a local cache)."""
-    from datasets import load_dataset
+# the hub client's logger that prints every retry of a failed request (each line twice under a root handler);
+# the caller reports the failure in its own line
+HUB_RETRY_LOGGERS = ("huggingface_hub.utils._http",)
+PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 
-    return load_dataset(hub_id, config, split=split) if config else load_dataset(hub_id, split=split)
+
+def hub_dataset(hub_id: str, config: str | None, split: str) -> Any:
+    """A Hugging Face dataset split (downloads unless HF_HUB_OFFLINE / a local cache); the hub client's retry
+    warnings are held back, since a failure raises and is reported once by the caller."""
+    from datasets import load_dataset  # heavy optional import: only the hub route needs it
+
+    quiet = [logging.getLogger(name) for name in HUB_RETRY_LOGGERS]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.ERROR)
+    try:
+        return load_dataset(hub_id, config, split=split) if config else load_dataset(hub_id, split=split)
+    finally:
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
+
+
+def hub_unreachable(timeout_s: float = 3.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached from here (a short reason), or None when it can, when an
+    offline variable makes ``datasets`` read only its cache (no request, no retries), or when a proxy is set
+    (its route is not probed). One TCP connection to the endpoint (``HF_ENDPOINT``, else huggingface.co)
+    within ``timeout_s``: offline, ``load_dataset`` would retry for ~20 s before failing."""
+    if any(os.environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE") for v in OFFLINE_VARS):
+        return None
+    if any(os.environ.get(v) for v in PROXY_VARS):
+        return None
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as err:
+        return f"{host} cannot be reached ({' '.join(str(err).split()) or type(err).__name__})"
+    return None
 
 
 def package_file(module: str, rel: str) -> Path:

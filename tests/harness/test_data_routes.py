@@ -32,6 +32,7 @@ def test_hub_route_run_records_and_hashes_its_route(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(datasets, "load_dataset", lambda hub_id, *a, split=None: calls.append((hub_id, a, split))
                         or GSM8K)
+    monkeypatch.setattr("mtad.tasks.sources.hub_unreachable", lambda: None)  # the stub is always reachable
     monkeypatch.setenv("MTAD_DATA_DIR", str(tmp_path / "nowhere"))
     row = run(_cfg(tmp_path), run_dir=tmp_path / "a")
     assert calls == [("openai/gsm8k", ("main",), "test")]

@@ -254,10 +254,50 @@ def test_cli_writes_the_three_outputs(tree):
     assert (tree / "regimes.png").stat().st_size > 0
 
 
-def test_the_committed_regime_map_and_temperature_control_re_render_byte_for_byte(tmp_path):
+DIGITS = 12  # significant digits a re-rendered JSON float must match (the tables print 2 to 3)
+
+
+def printed(x, digits: int = DIGITS):
+    """``x`` with every float at ``digits`` significant digits (ints, strings, nulls as they are)."""
+    if isinstance(x, float):
+        return f"{x:.{digits}g}"
+    if isinstance(x, dict):
+        return {k: printed(v, digits) for k, v in x.items()}
+    if isinstance(x, list):
+        return [printed(v, digits) for v in x]
+    return x
+
+
+def assert_same_numbers(got, want) -> None:
+    """The JSON files ``got`` and ``want`` hold the same keys, strings and ints, and floats equal at
+    :data:`DIGITS` significant digits."""
+    a, b = (json.loads(p.read_text()) for p in (got, want))
+    assert printed(a) == printed(b), f"{got} differs from {want} beyond {DIGITS} significant digits"
+
+
+def test_re_rendered_json_is_compared_at_printed_precision_not_float_bytes(tmp_path):
+    """Sums in another order (the last bits) compare equal; a change at the 9th digit, a key or a string
+    does not (the controls)."""
+    want = {"ppl": [2.9010919068389756, None], "n": 20, "tasks": ["gsm8k"]}
+    (tmp_path / "want.json").write_text(json.dumps(want))
+    for changed, same in ((dict(want, ppl=[2.901091906838975, None]), True),
+                          (dict(want, ppl=[2.901091916838975, None]), False),
+                          (dict(want, n=21), False), (dict(want, tasks=["mt_bench"]), False),
+                          (dict(want, extra=1.0), False)):
+        (tmp_path / "got.json").write_text(json.dumps(changed))
+        if same:
+            assert_same_numbers(tmp_path / "got.json", tmp_path / "want.json")
+        else:
+            with pytest.raises(AssertionError, match="significant digits"):
+                assert_same_numbers(tmp_path / "got.json", tmp_path / "want.json")
+
+
+def test_the_committed_regime_map_and_temperature_control_re_render(tmp_path):
     """``regimes.md``/``regimes.json`` from the committed records (α per prompt, per-context study records, the
     checks with their published runs, the TV runs, the decoders' comparisons) and ``temperature.md`` and
-    ``decoders.md``/``decoders.json`` from their published rows are what is committed.
+    ``decoders.md``/``decoders.json`` from their published rows are what is committed: the Markdown byte for
+    byte, the JSON number for number at :data:`DIGITS` significant digits (its floats are sums whose last bits
+    follow the CPU's summation order: AVX2 and AVX-512 builds differ there).
     Control: a changed record changes the map."""
     import shutil
     import subprocess
@@ -269,8 +309,8 @@ def test_the_committed_regime_map_and_temperature_control_re_render_byte_for_byt
     root = tmp_path / "regimes"
     shutil.copytree(src, root, ignore=shutil.ignore_patterns("*.png", "temperature", "decoders.md"))
     assert regimes_main.main(["--root", str(root)]) == 0
-    for name in ("regimes.md", "regimes.json"):
-        assert (root / name).read_bytes() == (src / name).read_bytes(), name
+    assert (root / "regimes.md").read_bytes() == (src / "regimes.md").read_bytes()
+    assert_same_numbers(root / "regimes.json", src / "regimes.json")
     out = tmp_path / "temperature"
     subprocess.run([sys.executable, str(REPO_ROOT / "experiments" / "regime_temperature.py"), "--from",
                     str(REPO_ROOT / "results" / "published" / "regime_temperature-2026-12-06.jsonl"),
@@ -280,8 +320,8 @@ def test_the_committed_regime_map_and_temperature_control_re_render_byte_for_byt
     subprocess.run([sys.executable, str(REPO_ROOT / "experiments" / "regime_decoders.py"), "--from",
                     str(REPO_ROOT / "results" / "published" / "regime_decoders-2026-12-06.jsonl"),
                     "--out", str(out)], check=True, capture_output=True)
-    for name in ("decoders.md", "decoders.json"):
-        assert (out / name).read_bytes() == (src / "decoders" / name).read_bytes(), name
+    assert (out / "decoders.md").read_bytes() == (src / "decoders" / "decoders.md").read_bytes()
+    assert_same_numbers(out / "decoders.json", src / "decoders" / "decoders.json")
     rows = [json.loads(x) for x in (root / "alpha.jsonl").read_text().splitlines()]
     rows[0]["per_prompt"][0][0] += 5.0  # control: one prompt's accepted count changes the map
     (root / "alpha.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

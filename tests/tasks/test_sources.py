@@ -4,6 +4,7 @@ hub is a stub of ``datasets.load_dataset`` that records its arguments (or fails 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -32,6 +33,7 @@ def hub(monkeypatch, rows_by_split: dict | None = None) -> list:
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     monkeypatch.setattr("mtad.tasks.sources._HUB_FAILED", {})  # hub failures remembered by earlier tests
+    monkeypatch.setattr("mtad.tasks.sources.hub_unreachable", lambda: None)  # the stub is always reachable
     return calls
 
 
@@ -185,3 +187,66 @@ def test_a_failed_hub_route_is_tried_once_per_process(monkeypatch, no_data):
     with pytest.raises(FileNotFoundError):
         get_task(TaskConfig(name="gsm8k", split="train", n_prompts=2)).samples()
     assert calls[-1] == ("openai/gsm8k", ("main",), "train")
+
+
+def test_an_unreachable_hub_is_not_tried_and_the_error_leads_with_the_fix(monkeypatch, no_data):
+    """Without network the auto route does not call load_dataset (it would retry for ~20 s, printing each retry):
+    one line says what to do. Control: a reachable hub is tried."""
+    calls = hub(monkeypatch, {"test": GSM8K})
+    monkeypatch.setattr("mtad.tasks.sources.hub_unreachable", lambda: "huggingface.co cannot be reached (x)")
+    with pytest.raises(FileNotFoundError) as err:
+        get_task(TaskConfig(name="gsm8k", n_prompts=2)).samples()
+    line = str(err.value)
+    assert calls == [] and "\n" not in line
+    assert line.startswith("task gsm8k: no data found (no network: set MTAD_DATA_DIR=DIR, a folder holding "
+                           "gsm8k/test.jsonl, or run once with network to download it)"), line
+    assert "not tried: huggingface.co cannot be reached (x); with network it downloads once" in line
+    calls = hub(monkeypatch, {"test": GSM8K})  # reachable again (and the failure forgotten)
+    assert [s.reference for s in get_task(TaskConfig(name="gsm8k", n_prompts=2)).samples()] == ["2", "5"]
+    assert calls == [("openai/gsm8k", ("main",), "test")]
+
+
+def test_hub_unreachable_probes_the_endpoint_unless_offline_or_proxied(monkeypatch):
+    """A closed port is unreachable; a listening one, an offline variable (datasets then reads only its cache)
+    or a proxy (not probed) is not."""
+    import socket
+
+    from mtad.tasks.records import OFFLINE_VARS, PROXY_VARS, hub_unreachable
+
+    for var in (*OFFLINE_VARS, *PROXY_VARS):
+        monkeypatch.delenv(var, raising=False)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        assert hub_unreachable() is None
+    with socket.socket() as closed:  # bound, not listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{closed.getsockname()[1]}")
+        assert hub_unreachable().startswith("127.0.0.1 cannot be reached (")
+        monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+        assert hub_unreachable() is None
+        monkeypatch.delenv("HTTPS_PROXY")
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        assert hub_unreachable() is None
+
+
+def test_hub_retry_warnings_are_held_back_during_a_hub_load(monkeypatch, caplog):
+    """The hub client's retry lines are not printed (the failure is reported once, by the route); its logger's
+    level is restored after. Control: a warning from another logger still shows."""
+    import datasets
+
+    from mtad.tasks.records import hub_dataset
+
+    def load_dataset(hub_id, *args, split=None):
+        logging.getLogger("huggingface_hub.utils._http").warning("Retrying in 1s [Retry 1/5].")
+        logging.getLogger("datasets.load").warning("Using the latest cached version")
+        raise ConnectionError("Couldn't reach it")
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    retry = logging.getLogger("huggingface_hub.utils._http")
+    before = retry.level
+    with caplog.at_level(logging.WARNING), pytest.raises(ConnectionError):
+        hub_dataset("openai/gsm8k", "main", "test")
+    assert "Retrying" not in caplog.text and "Using the latest cached version" in caplog.text
+    assert retry.level == before

@@ -426,20 +426,30 @@ def test_features_read_off_generation_equal_the_teacher_forced_pass(tmp_path, da
 
 def test_bf16_generation_labels_the_cache_with_a_bf16_teacher_and_keeps_the_fp32_eval(tmp_path, data_dir):
     """gen_dtype=bfloat16: the shards hold the bf16 copy's own top-K (not the fp32 teacher's: the control), the
-    held-out set and the teacher stay fp32, and a cache of the other dtype is refused."""
+    held-out set and the teacher stay fp32, and a cache of the other dtype is refused.
+
+    Bound: the cached log-probabilities come from cached decode steps, the check's from one uncached pass, so
+    they agree up to bf16 rounding, which depends on the CPU's bf16 kernels (a single value may move by 0.017
+    on an AVX2 CPU without native bf16, as far as the fp32 teacher's does). The mean over the cache separates
+    them on any CPU: under a quarter of bf16's epsilon (2^-9, about 0.002) for the bf16 copy (0.001 on AVX2),
+    above it for the fp32 teacher (0.004), whose weights are not rounded to bf16."""
     cfg = _feature(tmp_path, data_dir, max_steps=0, gen_dtype="bfloat16")
     trainer = Trainer(cfg)
     assert trainer.teacher.dtype == torch.float32 and trainer.gen_teacher.dtype == torch.bfloat16
     trainer._generate()
+    err16, err32 = [], []
+    for row in trainer.cache.rows:
+        x = row["ids"][None, :-1].long()
+        with torch.no_grad():
+            lp16 = torch.log_softmax(trainer.gen_teacher(input_ids=x).logits[0].float(), -1)
+            lp32 = torch.log_softmax(trainer.teacher(input_ids=x).logits[0], -1)
+        got, ids = row["topk_logp"].float(), row["topk_ids"].long()
+        err16.append((lp16.gather(1, ids) - got).abs().flatten())
+        err32.append((lp32.gather(1, ids) - got).abs().flatten())
+    bound = torch.finfo(trainer.gen_teacher.dtype).eps / 4
+    err16, err32 = float(torch.cat(err16).mean()), float(torch.cat(err32).mean())
+    assert err16 < bound < err32, (err16, bound, err32)
     row = trainer.cache.rows[0]
-    x = row["ids"][None, :-1].long()
-    with torch.no_grad():
-        lp16 = torch.log_softmax(trainer.gen_teacher(input_ids=x).logits[0].float(), -1)
-        lp32 = torch.log_softmax(trainer.teacher(input_ids=x).logits[0], -1)
-    got = row["topk_logp"].float()
-    err16 = (lp16.gather(1, row["topk_ids"].long()) - got).abs().max()
-    err32 = (lp32.gather(1, row["topk_ids"].long()) - got).abs().max()
-    assert err16 < 5e-3 < err32, (float(err16), float(err32))
     torch.testing.assert_close(row["feat"].float(), teacher_features(trainer.gen_teacher, [row["ids"]])[0].float(),
                                atol=3e-2, rtol=3e-2)
     plain = Trainer(_feature(tmp_path / "b", data_dir, max_steps=0, ckpt_dir=str(tmp_path / "other")))
