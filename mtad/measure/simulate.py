@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from mtad.measure.costmodel import Profile
+from mtad.measure.gpu_profiles import GPU
 
 DECODERS = ("sampling", "speculative", "block", "mtad")
 
@@ -116,15 +117,15 @@ def mean_length(hist: Mapping) -> float:
 
 
 # ---- declared GPU profiles (projections) ----------------------------------------------------------------------
-# Batch-1 decoding is memory-bound: a forward costs about the weights it reads, so the parameter ratio bounds c
-# from below; small drafts in eager PyTorch are launch-bound and cost more than their share, hence ranges. W beams
-# in the batch dimension read the weights once (c_W ~ c); a verify pass of gamma + 1 <= 8 tokens ~ one step.
-# Each entry: (label, (c low, c high), (v low, v high), c_W / c high).
-GPU_PROFILES = {
-    "llama8b_1b": ("GPU, Llama-3.1-8B / Llama-3.2-1B (the paper's camera-ready pair)", (0.15, 0.25), (1.0, 1.1), 1.1),
-    "opt13b_125m": ("GPU, OPT-13B / OPT-125m", (0.01, 0.05), (1.0, 1.1), 1.1),
-    "llama13b_68m": ("GPU, Llama-2-13B / llama-68m", (0.005, 0.04), (1.0, 1.1), 1.1),
-}
+# The terms of mtad.measure.gpu_profiles (one source for every projection), as the simulator's ranges. Each entry:
+# (label, (c low, c high), (v(gamma+1) low, v high) at gamma = 4, c_W / c high at W = 4).
+def _ranges(terms) -> tuple:
+    (c_lo, c_hi), (nu_lo, nu_hi), k_hi = terms["c"]["range"], terms["nu"]["range"], terms["kappa"]["range"][1]
+    return (c_lo, c_hi), (1 + 4 * nu_lo, 1 + 4 * nu_hi), 1 + 3 * k_hi
+
+
+GPU_PROFILES = {k: (f"GPU, {g['label'].removeprefix('GPU (A100-class), ')}", *_ranges(g["terms"]))
+                for k, g in GPU.items()}
 
 
 def declared(key: str) -> tuple[CostProfile, CostProfile]:

@@ -7,9 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
+from mtad.measure.gpu_profiles import GPU
 from mtad.measure.simulate import GPU_PROFILES, CostProfile, declared, predict
 from mtad.report import stats
 from mtad.report.stats import ratio_interval
+from mtad.study.forecast import regime2d
+from mtad.study.regimes import why
 from mtad.study.regimes.inputs import (
     FEATURE_DRAFT,
     GAMMA,
@@ -188,7 +191,7 @@ def build(root: Path = ROOT) -> dict:
         if rec is not None and d["name"] in al:
             rows.append(draft_row(d, rec, al[d["name"]], chk))
     meas = [m for name, c in chk.items() if name in al and (m := measured(name, c, al[name], root)) is not None]
-    return {
+    out = {
         "drafts": rows,
         "measured": meas,
         "checks": {
@@ -198,7 +201,11 @@ def build(root: Path = ROOT) -> dict:
         },
         "tv": {name: {k: v for k, v in d.items() if k != "study"} for name, d in tv(root).items()},
         "decoders": decoders(root),
+        "two_axis": regime2d.build(decoders(root), GPU) if decoders(root) else None,
         "gpu_profiles": {k: list(v) for k, v in GPU_PROFILES.items()},
         "hardware": f"{hardware(root)}, 2 cores shared",
         "provenance": provenance(root),
     }
+    check = root / "forecast" / "check.json"
+    out["why"] = why.facts(out, why.load(check) if check.is_file() else None)
+    return out

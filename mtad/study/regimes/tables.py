@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from mtad.measure.simulate import DECODERS, GPU_PROFILES
+from mtad.study.regimes import why
 from mtad.study.regimes.build import WITHIN, within
 from mtad.study.regimes.inputs import TAUS
+from mtad.study.regimes.two_axis import tables as two_axis_tables
 
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -176,6 +178,8 @@ def markdown(res: dict) -> str:
         + ", ".join(res["provenance"]["checks"]) + " (rows and per-prompt records under `results/published/`)"
         + ("; TV runs from " + ", ".join(res["provenance"]["tv"]) if res["provenance"].get("tv") else "") + ".",
         "",
+        why.block(res["why"]) if res.get("why") else "",
+        "",
         *draft_tables(res),
         "## Distance from the target's law: first-token TV",
         "",
@@ -186,10 +190,18 @@ def markdown(res: dict) -> str:
         "## Simulated speed-up MTAD (τ = 0.5) / speculative from the study's histograms",
         "",
         "This CPU: at each checked draft's own calibrated costs and at the committed feature draft's (what a draft "
-        "of this α would give at that cost). GPU: **projections** under the declared profiles (favourable corner "
-        "c low, c_W = c, v = 1.0 – unfavourable corner c high, c_W = 1.1 c, v = 1.1).",
+        "of this α would give at that cost). GPU: **projections** under the declared profiles "
+        "(`mtad/measure/gpu_profiles.py`; favourable corner c low, c_W = c, v = 1.0 – unfavourable corner c high, "
+        + ", ".join(sorted({f"c_W = {g[3]:.2f} c, v = {g[2][1]:.2f}" for g in GPU_PROFILES.values()})) + ").",
         "",
         *simulated_table(res),
+        "## Two axes: draft strength × hardware cost, every decoder against speculative decoding",
+        "",
+        "The real decoders' tokens per target forward over speculative decoding's (the published every-decoder "
+        "runs), priced step by step at a declared GPU's costs (`mtad.study.forecast.regime2d`): **projections**. "
+        "Figure: `two_axis.png` (the camera-ready pair's c, over c_W/c and over v(5)).",
+        "",
+        *two_axis_tables(res),
         "## Simulator check against measured interleaved runs on this CPU",
         "",
         "Each draft: a cost profile calibrated on the decoders' own forwards (held-out prompts decoded just before "
