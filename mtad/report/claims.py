@@ -108,6 +108,8 @@ def _judge(c: Claim, prim) -> dict:
     hardware = sorted({str(x) for m, b, _, _ in ivs for x in (m.get("device_name"), b.get("device_name")) if x})
     rows = [r for m, b, _, _ in ivs for r in (m, b)]
     interleaved = bool(rows) and all(was_interleaved(r) for r in rows)
+    if c.kind not in TIMED_KINDS or interleaved:  # a verdict is printed: with the interval it reads
+        agg, fallback = stats.settle(agg), fallback and stats.settle(fallback)
     return {"version": c.version, "claim": c.text, "paper": c.paper, "kind": c.kind,
             "ours": (fallback.point if fallback else agg.point) if ivs else None,
             "interval": agg if ivs else None, "fallback": fallback, "pooled_prompts": pooled,
@@ -177,9 +179,10 @@ def _cell_interval(kind: str, m, b):
 
 
 def verdict(c: dict) -> str:
-    """The verdict of the interval **as printed** (:func:`mtad.report.stats.judge`): "significant at n = …" when
-    both printed ends exclude no change, "borderline at n = …" when a printed end rounds to it, "not significant
-    at n = …" when it spans it; the reason where there is no interval. A speed or energy claim gets a verdict
+    """The verdict of the interval **as printed**, holding under the bootstrap's draw
+    (:func:`mtad.report.stats.judge`): "significant at n = …" when both printed ends exclude no change,
+    "borderline at n = …" when a printed end rounds to it or lies within Monte-Carlo error of rounding to it,
+    "not significant at n = …" when it spans it; the reason where there is no interval. A speed or energy claim gets a verdict
     only when every row it compares was decoded interleaved (its ``timing`` says so): timings of runs decoded
     one after another are not paired."""
     iv = c["fallback"] or c["interval"]
@@ -195,8 +198,12 @@ def verdict(c: dict) -> str:
     what = "score difference" if c["fallback"] else "interval"
     judged = stats.judge(iv)
     if judged == "borderline":
-        end = "lower" if stats.printed(iv.low, iv.kind) == stats.NO_CHANGE[iv.kind] else "upper"
-        return f"borderline at n = {iv.n} (the printed {what}'s {end} end is no change)"
+        nc = stats.NO_CHANGE[iv.kind]
+        if nc in (stats.printed(iv.low, iv.kind), stats.printed(iv.high, iv.kind)):
+            end = "lower" if stats.printed(iv.low, iv.kind) == nc else "upper"
+            return f"borderline at n = {iv.n} (the printed {what}'s {end} end is no change)"
+        return (f"borderline at n = {iv.n} (the {what}'s {stats.unsettled(stats.settle(iv))} end is within "
+                "Monte-Carlo error of rounding to no change)")
     if judged == "not significant":
         return f"not significant at n = {iv.n} ({what} spans no change)"
     return f"significant at n = {iv.n} (95 % {what} excludes no change)"

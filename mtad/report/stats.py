@@ -16,6 +16,19 @@ index array (paired). Intervals are percentile intervals **[choice: BCa needs a 
 fails on the degenerate distributions that identical runs give]** at ``CONFIDENCE``; below ``MIN_PAIRS``
 paired prompts there is no interval **[choice]**.
 
+**Verdicts under the draw.** A verdict reads the interval as printed (:func:`judge_printed`), and a printed end
+is itself a Monte-Carlo estimate: another seed draws other resamples and can move it across the rounding edge of
+no change (1.0049 prints 1.00, 1.0051 prints 1.01). The Monte-Carlo error of an end, the q-quantile of B
+resamples, follows from order statistics: the number of resamples below the true quantile is binomial(B, q), so
+the end's rank moves by sqrt(B q (1 - q)); its band of ``MC_MARGIN`` standard errors is the pair of quantiles at
+q ± MC_MARGIN sqrt(q (1 - q) / B) (:func:`mc_band`), without assuming a shape for the distribution. An end is
+settled when its whole band prints on one side of no change (or at it). :func:`settle` adds resamples (doubling,
+each batch from a further child generator of the cell, the first ``N_RESAMPLES`` unchanged) while an end is
+unsettled, up to ``MAX_RESAMPLES``; :func:`judge` gives the printed verdict of the settled interval, and
+"borderline" when an end is still unsettled **[choice: the end is then within Monte-Carlo error of rounding to
+no change, which is what borderline says]**. A renderer that prints a verdict prints the settled interval, so
+the word and the interval agree; an interval far from the edges is left as drawn, byte for byte.
+
 Statistics are the same ratios of sums the tables print (METRICS): ms/token = sum of decode time / sum of
 tokens, perplexity = exp(-mean over prompts of the per-sample mean log-probability), score = mean score.
 Aggregates over several cells (the claims table: a geometric mean of ratios, an arithmetic mean of
@@ -32,7 +45,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +60,8 @@ SEED = 0  # the project seed every cell's generator descends from
 CONFIDENCE = 0.95
 METHOD = "percentile"
 MIN_PAIRS = 5  # fewer paired prompts give no interval: a bootstrap of 2-4 points has only a handful of outcomes
+MC_MARGIN = 3.0  # Monte-Carlo standard errors an interval end must clear a rounding edge of no change by
+MAX_RESAMPLES = 64 * N_RESAMPLES  # the most resamples :func:`settle` draws for an end near such an edge
 # comparison kind -> (no-change value, unit); ratios are "x", changes are percentages
 NO_CHANGE = {"speedup": 1.0, "cpu_speedup": 1.0, "energy_ratio": 1.0, "ppl_change": 0.0, "score_change": 0.0,
              "energy_saving": 0.0, "score_diff": 0.0, "distinct2_diff": 0.0, "block_efficiency_ratio": 1.0,
@@ -68,6 +83,10 @@ class Interval:
     kind: str
     distribution: np.ndarray | None = field(default=None, repr=False, compare=False)
     note: str = ""  # why there is no interval
+    # (n_resamples, batch) -> the statistic on that many resamples of the cell's batch-th generator (batch 0 gave
+    # ``distribution``); :func:`settle` draws further batches with it, None where it cannot
+    resample: Callable[[int, int], np.ndarray] | None = field(default=None, repr=False, compare=False)
+    batches: int = field(default=1, compare=False)  # generator batches (of its first size) ``distribution`` holds
 
     @property
     def has_interval(self) -> bool:
@@ -98,10 +117,21 @@ def printed_interval(v: Sequence | None, kind: str) -> str:
 
 
 def judge(iv: Interval) -> str | None:
-    """The verdict of an interval **as printed**: "significant" when both printed ends lie on one side of no
-    change, "borderline" when one printed end equals it (e.g. a speed-up of 1.05× [1.00, 1.09]: the lower end
-    rounds to no change), "not significant" when the printed interval spans it (or is no change at both ends);
-    None without an interval."""
+    """The verdict of an interval as printed, holding under the bootstrap's draw: :func:`judge_printed` of the
+    :func:`settle`\ d interval, "borderline" when an end's Monte-Carlo band still straddles a rounding edge of
+    no change after ``MAX_RESAMPLES`` resamples; None without an interval. An interval without a distribution
+    (made by hand) is judged as printed."""
+    if not iv.has_interval:
+        return None
+    settled = settle(iv)
+    return "borderline" if unsettled(settled) else judge_printed(settled)
+
+
+def judge_printed(iv: Interval) -> str | None:
+    """The verdict of an interval **as printed**, with no margin for Monte-Carlo error: "significant" when both
+    printed ends lie on one side of no change, "borderline" when one printed end equals it (e.g. a speed-up of
+    1.05× [1.00, 1.09]: the lower end rounds to no change), "not significant" when the printed interval spans it
+    (or is no change at both ends); None without an interval."""
     if not iv.has_interval:
         return None
     nc = NO_CHANGE[iv.kind]
@@ -109,6 +139,67 @@ def judge(iv: Interval) -> str | None:
     if low < nc < high or low == high == nc:
         return "not significant"
     return "borderline" if nc in (low, high) else "significant"
+
+
+def mc_band(dist: np.ndarray, q: float, margin: float = MC_MARGIN) -> tuple[float, float]:
+    """The band of ``margin`` Monte-Carlo standard errors around the q-quantile of the resamples ``dist``: the
+    quantiles at q ± margin sqrt(q (1 - q) / B) (order statistics: the count of resamples below the true
+    quantile is binomial(B, q))."""
+    h = margin * math.sqrt(q * (1 - q) / len(dist))
+    lo, hi = np.quantile(dist, [max(q - h, 0.0), min(q + h, 1.0)])
+    return float(lo), float(hi)
+
+
+def _side(x: float, kind: str) -> int:
+    """-1, 0 or 1: ``x`` prints below, at or above no change."""
+    return int(np.sign(printed(x, kind) - NO_CHANGE[kind]))
+
+
+def unsettled(iv: Interval) -> str | None:
+    """"lower" or "upper": an end of ``iv`` whose Monte-Carlo band (:func:`mc_band`) prints on two sides of
+    no change, so that another draw could print another verdict; None when both ends are settled, or without
+    a bootstrap distribution or a printed precision."""
+    if not iv.has_interval or iv.distribution is None or iv.kind not in DIGITS:
+        return None
+    alpha = (1 - CONFIDENCE) / 2
+    for end, q in (("lower", alpha), ("upper", 1 - alpha)):
+        lo, hi = mc_band(iv.distribution, q)
+        if _side(lo, iv.kind) != _side(hi, iv.kind):
+            return end
+    return None
+
+
+def settle(iv: Interval, max_resamples: int = MAX_RESAMPLES) -> Interval:
+    """``iv`` with resamples added while an end is :func:`unsettled`, up to ``max_resamples``: the count doubled
+    each time, in batches of the first one's size from the cell's further generators (batch k keyed (key, k)),
+    the ends recomputed from all of them. ``iv`` itself when both ends are settled as drawn, or it cannot draw
+    more."""
+    if iv.distribution is None or iv.resample is None:
+        return iv
+    size = len(iv.distribution) // iv.batches
+    parts, batch = [iv.distribution], iv.batches
+    while unsettled(replace(iv, distribution=parts[0] if len(parts) == 1 else np.concatenate(parts))) \
+            and batch * size < max_resamples:
+        more = [np.asarray(iv.resample(size, k), dtype=float) for k in range(batch, 2 * batch)]
+        if not all(np.isfinite(m).all() for m in more):  # e.g. a resample whose baseline is 0: keep what was drawn
+            break
+        parts, batch = parts + more, 2 * batch
+    if batch == iv.batches:
+        return iv
+    dist = np.concatenate(parts)
+    low, high = percentile_interval(dist)
+    return replace(iv, low=float(low), high=float(high), distribution=dist, batches=batch)
+
+
+def judged(iv: Interval | None) -> list | None:
+    """``[point, low, high, verdict]`` of the settled interval (what :func:`printed_interval` prints); the
+    verdict None for a kind without one (a run's own figure); None without a point."""
+    if iv is None or iv.point is None:
+        return None
+    if iv.low is None or iv.kind not in DIGITS:
+        return [iv.point, iv.low, iv.high, None]
+    iv = settle(iv)
+    return [iv.point, iv.low, iv.high, judge(iv)]
 
 
 # ------------------------------------------------------------------------------------------- statistics
@@ -160,24 +251,25 @@ def cell_key(*parts: Any) -> int:
     return int.from_bytes(h.digest()[:8], "little")
 
 
-def cell_rng(key: int) -> np.random.Generator:
-    """The cell's own generator: the child of ``SEED`` whose spawn key is ``key`` (numpy SeedSequence)."""
-    return np.random.default_rng(np.random.SeedSequence(SEED, spawn_key=(int(key),)))
+def cell_rng(key: int, batch: int = 0) -> np.random.Generator:
+    """The cell's own generator: the child of ``SEED`` whose spawn key is ``key`` (numpy SeedSequence); batch
+    k > 0 (the resamples :func:`settle` adds) is the child keyed (``key``, k)."""
+    spawn = (int(key),) if batch == 0 else (int(key), int(batch))
+    return np.random.default_rng(np.random.SeedSequence(SEED, spawn_key=spawn))
 
 
-def resample_indices(n: int, key: int, n_resamples: int = N_RESAMPLES) -> np.ndarray:
-    """(n_resamples, n) prompt indices drawn with replacement from the cell's own generator: the one
-    resampling every interval of the project is computed from."""
-    return cell_rng(key).integers(0, n, (n_resamples, n)) if n else np.zeros((n_resamples, 0), dtype=int)
+def resample_indices(n: int, key: int, n_resamples: int = N_RESAMPLES, batch: int = 0) -> np.ndarray:
+    """(n_resamples, n) prompt indices drawn with replacement from the cell's own generator (its ``batch``):
+    the one resampling every interval of the project is computed from."""
+    return cell_rng(key, batch).integers(0, n, (n_resamples, n)) if n else np.zeros((n_resamples, 0), dtype=int)
 
 
-def resample_counts(n: int, key: int, n_resamples: int = N_RESAMPLES) -> np.ndarray:
+def resample_counts(n: int, key: int, n_resamples: int = N_RESAMPLES, batch: int = 0) -> np.ndarray:
     """(n_resamples, n) how often each prompt is drawn in each resample of :func:`resample_indices` (the
     same resamples, as weights: for statistics that weight contexts by their prompt's count)."""
-    idx = resample_indices(n, key, n_resamples)
-    counts = np.zeros((n_resamples, n), dtype=float)
-    np.add.at(counts, (np.arange(n_resamples)[:, None], idx), 1.0)
-    return counts
+    idx = resample_indices(n, key, n_resamples, batch)
+    flat = (np.arange(n_resamples)[:, None] * n + idx).ravel()  # (B n,): resample b's draw of prompt i -> b n + i
+    return np.bincount(flat, minlength=n_resamples * n).reshape(n_resamples, n).astype(float)
 
 
 def percentile_interval(dist: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -202,13 +294,18 @@ def bootstrap_interval(kind: str, method: Sequence[Sequence[float]], baseline: S
     if n < MIN_PAIRS:
         return Interval(point, None, None, n, kind,
                         note=f"n = {n} < {MIN_PAIRS}: too few paired prompts for a bootstrap interval")
-    idx = resample_indices(n, cell_key(*arrays) if key is None else key, n_resamples)  # (B, n)
-    with np.errstate(all="ignore"):  # degenerate (identical) data is a valid case
-        dist = np.asarray(stat(*(a[idx] for a in arrays), axis=-1), dtype=float)  # (B,)
+    key = cell_key(*arrays) if key is None else key
+
+    def draw(n_resamples: int, batch: int = 0) -> np.ndarray:
+        idx = resample_indices(n, key, n_resamples, batch)  # (B, n)
+        with np.errstate(all="ignore"):  # degenerate (identical) data is a valid case
+            return np.asarray(stat(*(a[idx] for a in arrays), axis=-1), dtype=float)  # (B,)
+
+    dist = draw(n_resamples)
     if not np.isfinite(dist).all():  # e.g. a resample whose baseline score is 0
         return Interval(point, None, None, n, kind, note="undefined in some resamples (a baseline of 0)")
     low, high = percentile_interval(dist)
-    return Interval(point, float(low), float(high), n, kind, distribution=dist)
+    return Interval(point, float(low), float(high), n, kind, distribution=dist, resample=draw)
 
 
 def ratio_interval(num: Sequence[float], den: Sequence[float], key: int | None = None,
@@ -293,7 +390,13 @@ def aggregate(kind: str, cells: Sequence[Interval]) -> Interval:
     if not np.isfinite(dist).all():
         return Interval(point, None, None, n, kind, note="undefined in some resamples")
     low, high = percentile_interval(dist)
-    return Interval(point, float(low), float(high), n, kind, distribution=dist)
+    draws = [c.resample for c in cells]
+
+    def draw(n_resamples: int, batch: int = 0) -> np.ndarray:  # every cell's batch, combined resample by resample
+        return combine(np.stack([d(n_resamples, batch) for d in draws]))
+
+    return Interval(point, float(low), float(high), n, kind, distribution=dist,
+                    resample=draw if all(d is not None for d in draws) else None)
 
 
 # ------------------------------------------------------------------------------------------- per-prompt records
@@ -397,14 +500,24 @@ def compare(kind: str, method: dict[tuple, dict] | None, baseline: dict[tuple, d
 RECORD_FIELDS = ("time_s", "n_tokens", "energy_j", "mean_logprob", "score")  # a pooled record's fields
 
 
-def distinct_share(counts: np.ndarray, incidence: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+def distinct_share(counts: np.ndarray, incidence: np.ndarray, sizes: np.ndarray,
+                   weights: np.ndarray | None = None) -> np.ndarray:
     """distinct-2 of resampled prompt sets: (B,) distinct bigrams / all bigrams, where prompt i is drawn
     ``counts[b, i]`` times, ``incidence`` (n, U) marks which of the U distinct bigrams prompt i's outputs hold
     and ``sizes`` (n,) counts its bigrams (a repeated prompt repeats its bigrams: they count in the total, not
-    as new distinct ones)."""
+    as new distinct ones). ``weights`` (U,): how many bigrams each column stands for (:func:`compress`)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         present = (counts > 0).astype(np.float32) @ incidence.astype(np.float32)  # (B, U): float32 counts are exact
-        return (present > 0).sum(axis=1) / (counts @ sizes)
+        seen = (present > 0).sum(axis=1) if weights is None else (present > 0) @ weights  # (B,): exact integers
+        return seen / (counts @ sizes)
+
+
+def compress(inc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An incidence matrix (n, U) as its distinct columns (n, U') and how many bigrams hold each (U',): a bigram
+    is present in a resample when any prompt holding it is drawn, so bigrams held by the same prompts count
+    together (most are held by one prompt alone); :func:`distinct_share` gives the same shares, faster."""
+    cols, mult = np.unique(inc, axis=1, return_counts=True)  # (n, U'), (U',)
+    return cols, mult.astype(float)
 
 
 def incidence(bigrams: Sequence[list]) -> tuple[np.ndarray, np.ndarray]:
@@ -433,8 +546,13 @@ def distinct2_diff(method: dict[tuple, dict], baseline: dict[tuple, dict],
         return Interval(point, None, None, len(keys), "distinct2_diff",
                         note=f"n = {len(keys)} < {MIN_PAIRS}: too few paired prompts for a bootstrap interval")
     key = cell_key("distinct-2", keys, [method[k]["bigrams"] for k in keys], [baseline[k]["bigrams"] for k in keys])
-    counts = resample_counts(len(keys), key, n_resamples)  # (B, n)
-    dist = distinct_share(counts, inc_m, n_m) - distinct_share(counts, inc_b, n_b)
-    dist = dist + (point - float(np.mean(dist)))
+    inc_m, inc_b = compress(inc_m), compress(inc_b)
+
+    def draw(n_resamples: int, batch: int = 0) -> np.ndarray:  # each batch recentred on the estimate
+        counts = resample_counts(len(keys), key, n_resamples, batch)  # (B, n)
+        d = distinct_share(counts, inc_m[0], n_m, inc_m[1]) - distinct_share(counts, inc_b[0], n_b, inc_b[1])
+        return d + (point - float(np.mean(d)))
+
+    dist = draw(n_resamples)
     low, high = percentile_interval(dist)
-    return Interval(point, float(low), float(high), len(keys), "distinct2_diff", distribution=dist)
+    return Interval(point, float(low), float(high), len(keys), "distinct2_diff", distribution=dist, resample=draw)
