@@ -9,6 +9,7 @@ contains it; then how many checked forecasts the intervals contain and the large
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -125,9 +126,13 @@ def _cell(v, d: int) -> str:
 def render(res: dict) -> str:
     s = res["summary"]
     head = ["# Forecast against measurement: the ex-ante check", "",
-            f"Forecasts registered in `{res['forecasts_file']}` (commit {res.get('forecasts_commit') or '—'}), "
-            f"measured after it{' and published as `' + res['publication'] + '`' if res.get('publication') else ''}"
-            f"; {res['hardware']}, one thread, CPU time. Forecast: the setting's hardware-free replay on GSM8K "
+            f"Forecasts registered in `{res['forecasts_file']}` (added in commit "
+            f"{(res.get('forecasts_commit') or '—')[:10]}); measured after it, by runs of commit "
+            + ", ".join(s[:10] for s in res["git_sha"] if s)
+            + (f", published as `{res['publication']}`" if res.get("publication") else "")
+            + f"; {res['hardware']}, one thread, CPU time"
+            + (f", load average {res['load_1min'][0]:.1f}–{res['load_1min'][1]:.1f} on 2 cores during the runs"
+               if res.get("load_1min") else "") + f". Forecast: the setting's hardware-free replay on GSM8K "
             "train prompts × the pair's cost profile, calibrated by its own command on other train prompts at "
             "other settings. Measured: GSM8K test prompts, every setting of a draft interleaved; paired 95 % "
             "intervals over prompts. Error = forecast / measured − 1; ✓ = the measured interval contains the "
@@ -162,6 +167,17 @@ def render(res: dict) -> str:
     return "\n".join(head + lines + tab + rank) + "\n"
 
 
+def added_in(path: Path) -> str | None:
+    """The commit that added ``path`` (the forecasts' registration), or None outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--", path.name], cwd=path.parent,
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    shas = out.stdout.split()
+    return shas[-1] if out.returncode == 0 and shas else None
+
+
 def render_check(out_dir: Path, rows_path: Path | None) -> int:
     forecasts = read_jsonl(out_dir / "forecasts.jsonl")
     rows_path = rows_path or out_dir / "forecast_check.jsonl"
@@ -169,10 +185,12 @@ def render_check(out_dir: Path, rows_path: Path | None) -> int:
     recs = measured(rows, [rows_path.parent, out_dir])
     points = compare(forecasts, recs)
     pubs = sorted({(r.get("publication") or {}).get("name") for r in rows} - {None})
+    loads = [x for r in rows for k in ("load_start", "load_end") if (x := (r.get("timing") or {}).get(k))]
     res = {"forecasts_file": "results/regimes/forecast/forecasts.jsonl", "publication": ", ".join(pubs) or None,
            "hardware": rows[0].get("device_name", "this CPU"),
            "git_sha": sorted({r.get("git_sha") for r in rows}), "points": points, "summary": summary(points),
-           "ranking": ranking(forecasts, recs)}
+           "ranking": ranking(forecasts, recs), "forecasts_commit": added_in(out_dir / "forecasts.jsonl"),
+           "load_1min": [min(x[0] for x in loads), max(x[0] for x in loads)] if loads else None}
     atomic_write(out_dir / "check.json", json.dumps(res, indent=1, default=float) + "\n")
     atomic_write(out_dir / "check.md", render(res))
     print(render(res))

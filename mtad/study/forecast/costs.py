@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from collections import Counter
@@ -160,7 +161,7 @@ def calibrate(replayer, settings: Sequence[str] = CALIBRATION, hardware: str = "
     specs = [parse(s) for s in settings]
     pair, items, w = replayer.pair, replayer.items, replayer.w
     cfgs = [s.decoder(w.tokens) for s in specs]
-    t0 = time.perf_counter()
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
     with torch.inference_mode():
         for cfg in cfgs:
             for k in range(warmup):
@@ -193,6 +194,7 @@ def calibrate(replayer, settings: Sequence[str] = CALIBRATION, hardware: str = "
             f[1] += total
     prof.calibration = {"workload": asdict(w), "settings": [str(s) for s in specs], "prompts": len(items),
                         "seconds": round(time.perf_counter() - t0, 1),
+                        "load_1min": [round(load0, 2), round(os.getloadavg()[0], 2)],
                         "in_sample_error": {k: round(v[0] / v[1] - 1, 4) for k, v in sorted(fit.items())},
                         "calls": dict(sorted(calls.items()))}
     threads = f", {prof.num_threads} thread{'s' if prof.num_threads != 1 else ''}"

@@ -17,5 +17,6 @@ def profile(key: str, **values: float) -> CostProfile:
             raise ValueError(f"gpu:{key}: no term {k!r} (terms: {', '.join(terms)})")
         terms[k] = {**terms[k], "value": float(v), "basis": f"set by the caller ({k} = {float(v):g})"}
     h = {t: terms[t]["value"] for t in ("h0", "h_step", "h_row")}
-    return CostProfile(label=f"projection: {GPU[key]['label']}", hardware=GPU[key]["label"], pair=key,
+    changed = f" with {', '.join(f'{k} = {float(v):g}' for k, v in values.items())}" if values else ""
+    return CostProfile(label=f"projection: {GPU[key]['label']}{changed}", hardware=GPU[key]["label"], pair=key,
                        kind="declared", unit="ms", t1=terms["t1_ms"]["value"], terms=terms, harness={"*": h})
