@@ -16,6 +16,25 @@ def repo_relative(path: str | Path) -> str:
         return str(path)
 
 
+def recorded_path(path: str | Path) -> str:
+    """``path`` as a result or a command records it: as given when relative, relative to the repository when it lies
+    inside it, else ``.../<name>``: no machine's absolute path is written into what the repository ships."""
+    if not os.path.isabs(path):
+        return str(path)
+    rel = repo_relative(path)
+    return rel if not os.path.isabs(rel) else f".../{Path(path).name}"
+
+
+def recorded_command(argv: list[str]) -> list[str]:
+    """Command-line arguments with every absolute path (an argument, or the value of ``key=value``) as
+    :func:`recorded_path` writes it."""
+    out = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        out.append(f"{key}={recorded_path(value)}" if eq and os.path.isabs(value) else recorded_path(arg))
+    return out
+
+
 def default_data_dir() -> Path:
     """``$MTAD_DATA_DIR``, else ``../shared/data`` beside the repository (where CI lays it)."""
     env = os.environ.get("MTAD_DATA_DIR")

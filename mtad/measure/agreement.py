@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from mtad._util.paths import REPO_ROOT, default_data_dir
+from mtad._util.paths import REPO_ROOT, default_data_dir, recorded_path
 from mtad.decoding import generate
 from mtad.decoding.filter import filter_probs
 from mtad.models import smollm2
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
             kind: agreement(ref, quantize_target(smollm2.load(dtype="float32", device="cpu")[0], "int8", suffixes),
                             wiki)
             for kind, suffixes in LAYER_KINDS.items()}
-    result["settings"] = vars(a)
+    result["settings"] = {**vars(a), "out": recorded_path(a.out)}  # no machine path in the file
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))

@@ -22,7 +22,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from mtad._util.io import writable_dir, writable_file
-from mtad._util.paths import REPO_ROOT
+from mtad._util.paths import REPO_ROOT, recorded_command
 from mtad.decoding import DecoderConfig
 from mtad.decoding.config import MIN_TEMPERATURE
 from mtad.harness.clicheck import (
@@ -120,7 +120,8 @@ def verifiers(args: argparse.Namespace, argv: Sequence[str]) -> list[Path]:
     env = environment_info([next(models.target.parameters()).device])
     meta = {"pair": args.model, "device_name": env["device_name"], "num_threads": env["num_threads"],
             "versions": env["versions"], "git_sha": sha, "git_dirty": dirty, "seconds": time.perf_counter() - t0,
-            "command": "python -m mtad.study " + " ".join(argv), "gamma": args.gamma, "tokens": args.tokens,
+            "command": "python -m mtad.study " + " ".join(recorded_command(list(argv))),  # no machine path
+            "gamma": args.gamma, "tokens": args.tokens,
             "stride": args.stride, "continuation": args.continuation, "temperature": args.temperature,
             "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed, "n_boot": N_BOOT, "pairing": pairing,
             "tasks": args.tasks, "prompts": args.prompts, "mtad_taus": list(args.mtad_taus),

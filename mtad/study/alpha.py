@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mtad._util.paths import REPO_ROOT, default_data_dir
+from mtad._util.paths import REPO_ROOT, default_data_dir, recorded_path
 from mtad.harness.clicheck import ArgumentParser, check_or_exit, positive_int, writable_file
 from mtad.harness.rows import git_info
 from mtad.models import smollm2
@@ -135,8 +135,8 @@ def main(argv=None) -> int:
             continue
         t0 = time.perf_counter()
         r = heldout_alpha(load_draft(spec, target), es)
-        r.update(name=name, draft=spec, teacher="fp32", seconds=round(time.perf_counter() - t0, 1), git_sha=sha,
-                 git_dirty=dirty)
+        r.update(name=name, draft=recorded_path(spec), teacher="fp32", seconds=round(time.perf_counter() - t0, 1),
+                 git_sha=sha, git_dirty=dirty)
         log.info("%s (%s): alpha %.3f [%.3f, %.3f]", name, spec, *r["alpha"])
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("a") as f:

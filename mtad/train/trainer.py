@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from mtad._util.paths import cache_dir, default_data_dir
+from mtad._util.paths import cache_dir, default_data_dir, recorded_path
 from mtad.models.draft_head import HEAD_FILE, full_bias, read_head_file
 from mtad.train.config import TrainDraftConfig, reproduce_command, resolve
 from mtad.train.corpus import Corpus
@@ -49,6 +49,7 @@ from mtad.train.student import build_student, head_vocab_ids, init_from_draft, i
 from mtad.train.teacher import load_teacher, teacher_features
 
 log = logging.getLogger(__name__)
+PATH_KEYS = ("ckpt_dir", "data_dir", "out_dir", "cache_dir", "resume", "init_from")  # recorded by recorded_path
 
 # what a checkpoint's student shape depends on: resuming with another value is refused
 SHAPE_KEYS = ("target", "layers", "init_layers", "tiny_hidden", "tiny_layers", "head_vocab", "head_bias", "arch")
@@ -360,7 +361,9 @@ class Trainer:
         own = sum(v.numel() for v in trainable_state(self.student).values())
         window = min(20, len(s["losses"]))
         meta = {
-            "config": asdict(cfg), "steps": s["step"], "onpolicy_steps": s["onpolicy_steps"], "tokens": s["tokens"],
+            "config": {k: recorded_path(v) if k in PATH_KEYS and isinstance(v, str) else v  # no machine path
+                       for k, v in asdict(cfg).items()},
+            "steps": s["step"], "onpolicy_steps": s["onpolicy_steps"], "tokens": s["tokens"],
             "tokens_by_source": s["tokens_by_source"], "train_minutes": s["seconds"] / 60,
             "final_loss": mean(s["losses"][-window:]), "loss_window": window,
             "eval": s["evals"][-1] if s["evals"] else {}, "eval_init": s["evals"][0] if s["evals"] else {},

@@ -23,6 +23,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import tinymodels as tm
+from variants import variants
 
 import mtad
 import mtad.decoding.propose as propose_mod
@@ -39,25 +40,9 @@ PROMPTS = [[5, 7, 11], [1, 2, 3, 4, 5, 6, 7, 8], [9], [3, 3, 8, 1, 2], [4, 4, 6,
 SIZES = [1, 2, 5]
 N_NEW = 13
 ARCHS = ["llama", "opt"]
-DECODERS = [
-    ("greedy", {}),
-    ("speculative", {}),
-    ("speculative", {"accept": "threshold"}),
-    ("speculative", {"accept": "block"}),
-    ("speculative", {"accept": "typical"}),
-    ("speculative", {"accept": "fuzzy"}),
-    ("speculative", {"proposer": "ngram"}),
-    ("mtad", {}),
-    ("mtad", {"replacement": False}),
-    ("mtad", {"proposer": "ngram"}),
-    ("sampling", {}),
-    ("mmtad", {}),
-    ("mmtad", {"replacement": False, "reference": "own"}),
-    ("specinfer", {}),
-    ("mtjd", {"mode": "exhaustive"}),
-    ("mtjd", {"mode": "beam"}),
-    ("mtjd", {"mode": "beam", "replacement": False}),
-]
+# every decoder and variant from conf/decoder/ (tests/variants.py), and the sampling switches that take their own path
+DECODERS = variants(("mtad", {"replacement": False}), ("mmtad", {"replacement": False, "reference": "own"}),
+                    ("mtjd", {"mode": "beam", "replacement": False}))
 FEATURE_DECODERS = [d for d in DECODERS if d[0] in ("speculative", "mtad", "mmtad", "specinfer")
                     and d[1].get("proposer") != "ngram" and d[1].get("accept") in (None, "lossless", "block")]
 

@@ -15,13 +15,14 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import tinymodels as tm
+from variants import drafted, variants
 
 import mtad
 import mtad.decoding.rules as rules_mod
 import mtad.decoding.specinfer as specinfer_mod
 from mtad.decoding.accept import residual
 from mtad.decoding.attention import TREE_ARCHITECTURES
-from mtad.decoding.core import NEEDS_DRAFT
+from mtad.decoding.core import NEEDS_DRAFT, NEEDS_TREE
 from mtad.decoding.filter import filter_probs
 from mtad.models.pair import ModelPair
 
@@ -32,21 +33,14 @@ N_NEW = 13  # not a multiple of gamma: the last block is shortened
 ARCHS = ["llama", "opt"]
 DRAFTS = ["random", "near", "same"]  # independent model | target + small noise | the target itself
 
-# (name, extra config): every decoder and variant
-DECODERS = [
-    ("greedy", {}),
-    ("sampling", {}),
-    ("speculative", {}),
-    ("speculative", {"accept": "threshold"}),
-    ("mtjd", {"mode": "beam"}),
-    ("mtjd", {"mode": "exhaustive"}),
-    ("mtad", {}),
-    ("mmtad", {}),
-    ("mmtad", {"reference": "own", "replacement": False}),
-    ("specinfer", {}),
-]
-DRAFTED = [d for d in DECODERS if d[0] in NEEDS_DRAFT]
-STOCHASTIC = [d for d in DECODERS if d[0] != "greedy" and d[1] != {"mode": "exhaustive"}]
+# (name, extra config): every decoder and variant, from conf/decoder/ (tests/variants.py), and MMTAD's other reference
+DECODERS = variants(("mmtad", {"reference": "own", "replacement": False}))
+DRAFTED = [d for d in DECODERS if drafted(d)]  # drafted by the draft model (prompt lookup cannot copy the target)
+# a draft equal to the target passes every block where the rule judges sampled drafts by p̃ against q̃: not typical
+# acceptance (it judges p̃(x) alone, so an unlikely draw fails) nor dyntree (its tree holds the draft's most likely
+# children: fixed candidates, not draws)
+SAMPLED = [d for d in DRAFTED if d[0] != "dyntree" and d[1].get("accept") != "typical"]
+STOCHASTIC = [d for d in DECODERS if d[0] != "greedy" and d[1] != {"mode": "exhaustive"}]  # these ignore the seed
 STOCHASTIC += [("mtjd", {"mode": "exhaustive", "select": "nucleus"})]
 
 
@@ -78,7 +72,7 @@ def gen(models, name, extra=None, seed=0, **cfg):
 
 
 # ---- exactness -------------------------------------------------------------------------------------------
-ORACLE_CASES = [(d, draft) for d in DECODERS for draft in (DRAFTS if d[0] in NEEDS_DRAFT else ["random"])]
+ORACLE_CASES = [(d, draft) for d in DECODERS for draft in (DRAFTS if drafted(d) else ["random"])]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -191,7 +185,7 @@ def test_iteration_records_are_consistent(dec):
 
 # ---- a draft equal to the target accepts everything --------------------------------------------------------
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dec", DRAFTED, ids=ids)
+@pytest.mark.parametrize("dec", SAMPLED, ids=ids)
 def test_identical_draft_accepts_every_block(arch, dec):
     """T=1, tau=0.5: p̃ == q̃ up to float noise, so every ratio is ~1 and every block passes."""
     r = gen(pair(arch, "same"), *dec, seed=3, top_k=0, top_p=1.0, tau=0.5, max_new_tokens=20, gamma=3)
@@ -415,7 +409,7 @@ def gpt2():
         return GPT2LMHeadModel(cfg).eval()
 
 
-@pytest.mark.parametrize("name", ["mmtad", "specinfer"])
+@pytest.mark.parametrize("name", sorted(NEEDS_TREE))
 def test_tree_decoders_refuse_unsupported_architecture(name):
     m = gpt2()
     assert m.config.model_type not in TREE_ARCHITECTURES
@@ -431,7 +425,7 @@ def test_linear_decoders_accept_unsupported_architecture():
     assert r.tokens == tm.oracle_greedy(m, PROMPT, 6)
 
 
-@pytest.mark.parametrize("name", ["mmtad", "specinfer"])
+@pytest.mark.parametrize("name", sorted(NEEDS_TREE))
 def test_tree_decoders_refuse_flash_attention(name):
     t = tm.model("llama", 1, 32, hidden=16)
     t.config._attn_implementation = "flash_attention_2"

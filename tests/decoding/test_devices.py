@@ -15,6 +15,7 @@ import fakedevice as fd
 import pytest
 import tinymodels as tm
 import torch
+from variants import variants
 
 import mtad
 from mtad.decoding import core
@@ -27,12 +28,10 @@ torch.set_num_threads(1)
 
 PROMPT = [5, 7, 11]
 TARGET_DEV, DRAFT_DEV = torch.device("cuda", 1), torch.device("cuda", 0)
-DECODERS = [  # every decoder and variant that takes its own code path
-    ("greedy", {}), ("sampling", {}), ("speculative", {}), ("speculative", {"accept": "threshold"}),
-    ("mtjd", {"mode": "beam"}), ("mtjd", {"mode": "exhaustive", "select": "nucleus", "top_k": 3, "gamma": 3}),
-    ("mtad", {}),
-    ("mmtad", {}), ("mmtad", {"reference": "own", "replacement": False}), ("specinfer", {}),
-]
+# every decoder and variant that takes its own code path: conf/decoder/ (tests/variants.py), the exhaustive search
+# with nucleus selection on a small block in place of the argmax one, and MMTAD's other reference
+DECODERS = variants(("mtjd", {"mode": "exhaustive", "select": "nucleus", "top_k": 3, "gamma": 3}),
+                    ("mmtad", {"reference": "own", "replacement": False}), without=[("mtjd", {"mode": "exhaustive"})])
 
 
 def ids(d):

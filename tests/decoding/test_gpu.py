@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mtad.decoding.core import DECODERS, NEEDS_DRAFT
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 
@@ -47,7 +49,7 @@ def _top2_gap(pair, ids: list[int]) -> float:
     return float(top[0] - top[1])
 
 
-@pytest.mark.parametrize("name", ["speculative", "specinfer", "mtjd", "mtad", "mmtad"])
+@pytest.mark.parametrize("name", sorted(set(DECODERS) - {"greedy"}))  # every registered decoder against greedy
 def test_decoders_at_t0_equal_greedy_on_cuda_fp16(cuda_pair, name):
     ref, out = _decode(cuda_pair, "greedy"), _decode(cuda_pair, name)
     if out != ref:
@@ -67,7 +69,7 @@ def split_pair():
     return pair
 
 
-DRAFTED = ["speculative", "specinfer", "mtad", "mmtad"]
+DRAFTED = sorted(NEEDS_DRAFT)  # every registered decoder that drafts with a model
 
 
 @pytest.mark.parametrize("rng_device", ["cuda", "cpu"])

@@ -24,6 +24,7 @@ import pytest
 import test_kv_tree as kvt
 import tinymodels as tm
 import torch
+from variants import drafted, variants
 
 import mtad
 from mtad.decoding.kv import Session
@@ -38,11 +39,7 @@ MIN_GAP_ULPS = 3
 TREE_ULPS = 4
 DTYPES = [torch.bfloat16, torch.float16]
 ARCHS = ["llama", "opt"]
-DECODERS = [
-    ("greedy", {}), ("speculative", {}), ("speculative", {"accept": "threshold"}), ("mtjd", {"mode": "beam"}),
-    ("mtjd", {"mode": "exhaustive"}), ("mtad", {}), ("mmtad", {}),
-    ("mmtad", {"reference": "own", "replacement": False}), ("specinfer", {}),
-]
+DECODERS = variants(("mmtad", {"reference": "own", "replacement": False}))  # conf/decoder/ (tests/variants.py)
 
 
 def dname(dtype) -> str:
@@ -96,7 +93,7 @@ def test_oracle_path_has_no_near_tie(arch, dtype):
 
 def _decoder_cases(full: bool):
     drafts = ["near", "same", "random"] if full else ["near"]
-    return [(d, k) for d in DECODERS for k in (drafts if d[0] not in ("greedy", "mtjd") else ["near"])]
+    return [(d, k) for d in DECODERS for k in (drafts if drafted(d) else ["near"])]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)

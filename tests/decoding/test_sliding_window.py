@@ -16,7 +16,7 @@ import logging
 import pytest
 import tinymodels as tm
 import torch
-from decoding.test_decoders import DECODERS, DRAFTED, ids
+from decoding.test_decoders import DECODERS, SAMPLED, ids
 from transformers import DynamicCache
 
 import mtad
@@ -119,7 +119,7 @@ def test_partial_acceptance_rolls_back_past_the_window(arch, name):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dec", DRAFTED, ids=ids)
+@pytest.mark.parametrize("dec", SAMPLED, ids=ids)
 def test_identical_draft_accepts_every_block(arch, dec):
     r = gen(pair(arch, "same"), *dec, seed=3, top_k=0, top_p=1.0, tau=0.5, max_new_tokens=20, gamma=3)
     assert r.accepted and r.accepted == r.proposed

@@ -4,8 +4,10 @@ values the code wrote before the row schema moved out of the store, so a row alr
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -41,7 +43,11 @@ def test_config_hash_stable_under_key_order_and_volatile_keys():
     moved = {**CFG, "results_dir": "elsewhere", "force": True, "tracking": {"backend": "wandb"},
              "hydra": {"job": 3}}
     assert config_hash(moved) == h
-    assert len(h) == 64 and int(h, 16) >= 0
+    # sha256 of the canonical JSON of the settings that are not volatile: 64 lower-case hex digits, recomputed here
+    settings = {k: v for k, v in CFG.items() if k not in ("results_dir", "force", "tracking", "hydra")}
+    assert h == hashlib.sha256(json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert re.fullmatch(r"[0-9a-f]{64}", h)
+    assert not re.fullmatch(r"[0-9a-f]{64}", h[:63]) and not re.fullmatch(r"[0-9a-f]{64}", h.upper())  # controls
 
 
 def test_config_hash_sensitive_to_settings():
