@@ -12,4 +12,5 @@ DRAFT = {"cpu_table-2026-12-03": TOKEN_STEP231,
          "cpu_table_feature-2026-12-03": FEATURE_RUN1, "cpu_table_bf16_feature-run2-2026-12-04": FEATURE_RUN2,
          "cpu_table_bf16_feature-2026-12-04": FEATURE_RUN3, "cpu_table_feature-2026-12-04": FEATURE_RUN3,
          "cpu_table_bf16_feature-2026-12-05": FEATURE_RUN3, "cpu_table_bf16_feature-2026-12-06": FEATURE_RUN5,
-         "cpu_qa-2026-12-06": FEATURE_RUN5, "cpu_table_bf16_feature-interleaved-2026-12-06": FEATURE_RUN5}
+         "cpu_qa-2026-12-06": FEATURE_RUN5,
+         "cpu_qa_rescored-2026-12-07": FEATURE_RUN5, "cpu_table_bf16_feature-interleaved-2026-12-06": FEATURE_RUN5}

@@ -29,17 +29,17 @@ from mtad.tasks.base import TaskConfig, get_task
 
 PUBLISHED = sorted((REPO_ROOT / "results" / "published").glob("*.jsonl"))
 PROFILE_OF = {"cpu_table": "cpu", "cpu_table_feature": "cpu_feature", "cpu_table_bf16": "cpu_bf16",
-              "cpu_table_bf16_feature": "cpu_bf16_feature", "cpu_qa": "cpu_qa"}
+              "cpu_table_bf16_feature": "cpu_bf16_feature", "cpu_qa": "cpu_qa", "cpu_qa_rescored": "cpu_qa"}
 
 # the draft each table was measured with: tests/published_drafts.py
-QA = {"cpu_qa-2026-12-06"}  # PROFILE=cpu_qa: its own grid (test_published_qa_rows_hash_into_the_qa_grid)
+QA = {"cpu_qa-2026-12-06", "cpu_qa_rescored-2026-12-07"}  # the second: the first's rows, re-scored  # PROFILE=cpu_qa: its own grid (test_published_qa_rows_hash_into_the_qa_grid)
 # settings a published file ran under that its profile's grid does not have today (none at present)
 MEASURED_AS: dict[str, list[str]] = {}
 # rows no config of today can give the hashes of (none at present)
 OLDER_SCHEMA: set[str] = set()
 # publications of a script's runs, not of a profile's grid: their jobs come from the script itself
 SCRIPTED = {"regime_check-2026-12-06", "regime_check-run5-2026-12-06", "regime_decoders-2026-12-06",
-            "regime_temperature-2026-12-06"}
+            "regime_temperature-2026-12-06", "forecast_check-2026-12-07"}
 
 needs_data = pytest.mark.usefixtures("real_data_dir")  # published rows hash the real data; skips on a fresh clone
 
@@ -190,6 +190,9 @@ def script_jobs(stem: str) -> list[list[str]]:
 
         return [job for d in drafts() if d["oracle_mix"] is None for task in dec.TASKS
                 for job in dec.jobs(d, task, 10, 48, Path("results/regimes/decoders"))]
+    if stem.startswith("forecast_check"):
+        fc = script("forecast_check")
+        return [job for name in fc.DRAFTS for job in fc.jobs(name, Path("results/regimes/forecast"))]
     if stem.startswith("regime_check"):  # the drafts this publication holds rows of (a draft may be re-checked)
         check = script("regime_check")
         rows = load_results(REPO_ROOT / "results" / "published" / f"{stem}.jsonl")
