@@ -28,6 +28,18 @@ _HARNESS = ("eager PyTorch sampling, filtering and bookkeeping on the GPU: assum
 _KAPPA = ("W beams in the batch dimension read the draft's weights once, but attention over W caches, beam "
           "reorders and launches add cost: c_W/c in 1.0-1.5 at W = 4 (assumption; the two-axis map's axis)")
 
+# terms every declared GPU shares (batch 1 on an A100-class GPU)
+_SHARED = {
+    "nu": {"value": 0.015, "range": [0.0, 0.03], "basis": _NU},
+    "rho": {"value": 300.0, "range": [200.0, 400.0], "basis": _RHO},
+    "kappa_target": {"value": 0.0, "range": [0.0, 0.0], "basis": "batch 1: one target row"},
+    "h0": {"value": 0.0, "range": [0.0, 0.0], "basis": "per-prompt set-up outside forwards: neglected"},
+    "h_step": {"value": 0.05, "range": [0.0, 0.1], "basis": _HARNESS},
+    "h_row": {"value": 0.0, "range": [0.0, 0.0], "basis": _HARNESS},
+}
+_T1_13B = {"value": 30.0, "range": [25.0, 40.0], "basis": "13B fp16 weights (26 GB) over about 1.5-2 TB/s effective "
+           "bandwidth, plus launch overhead (assumption)"}
+
 GPU = {
     "llama8b_1b": {
         "label": "GPU (A100-class), Llama-3.1-8B target / Llama-3.2-1B draft (the paper's camera-ready pair), bf16",
@@ -35,12 +47,7 @@ GPU = {
             "c": {"value": 0.2, "range": [0.15, 0.25], "basis": "parameter ratio 1.24 / 8.03 = 0.15 plus launch "
                   "overhead; " + _BANDWIDTH},
             "kappa": {"value": 0.2 / 3, "range": [0.0, 0.5 / 3], "basis": _KAPPA + "; central value c_W/c = 1.2"},
-            "nu": {"value": 0.015, "range": [0.0, 0.03], "basis": _NU},
-            "rho": {"value": 300.0, "range": [200.0, 400.0], "basis": _RHO},
-            "kappa_target": {"value": 0.0, "range": [0.0, 0.0], "basis": "batch 1: one target row"},
-            "h0": {"value": 0.0, "range": [0.0, 0.0], "basis": "per-prompt set-up outside forwards: neglected"},
-            "h_step": {"value": 0.05, "range": [0.0, 0.1], "basis": _HARNESS},
-            "h_row": {"value": 0.0, "range": [0.0, 0.0], "basis": _HARNESS},
+            **_SHARED,
             "t1_ms": {"value": 25.0, "range": [20.0, 30.0], "basis": "the paper's per-run figures (docs/PAPER.md): "
                       "an MTAD iteration of about 139 ms at about 4.2 tokens and an eager HF loop; with c, c_W and "
                       "v above that is 2.9-5 steps, so t1 of 25-48 ms; the low end taken, since their target ran "
@@ -53,14 +60,8 @@ GPU = {
             "c": {"value": 0.03, "range": [0.01, 0.05], "basis": "parameter ratio 0.125 / 13 = 0.01; a 12-layer "
                   "draft is launch-bound in eager PyTorch; " + _BANDWIDTH},
             "kappa": {"value": 0.05, "range": [0.0, 0.5 / 3], "basis": _KAPPA},
-            "nu": {"value": 0.015, "range": [0.0, 0.03], "basis": _NU},
-            "rho": {"value": 300.0, "range": [200.0, 400.0], "basis": _RHO},
-            "kappa_target": {"value": 0.0, "range": [0.0, 0.0], "basis": "batch 1: one target row"},
-            "h0": {"value": 0.0, "range": [0.0, 0.0], "basis": "per-prompt set-up outside forwards: neglected"},
-            "h_step": {"value": 0.05, "range": [0.0, 0.1], "basis": _HARNESS},
-            "h_row": {"value": 0.0, "range": [0.0, 0.0], "basis": _HARNESS},
-            "t1_ms": {"value": 30.0, "range": [25.0, 40.0], "basis": "13B fp16 weights (26 GB) over about 1.5-2 "
-                      "TB/s effective bandwidth, plus launch overhead (assumption)"},
+            **_SHARED,
+            "t1_ms": _T1_13B,
         },
     },
     "llama13b_68m": {
@@ -69,14 +70,8 @@ GPU = {
             "c": {"value": 0.02, "range": [0.005, 0.04], "basis": "parameter ratio 0.068 / 13 = 0.005; a 2-layer "
                   "draft is launch-bound; " + _BANDWIDTH},
             "kappa": {"value": 0.05, "range": [0.0, 0.5 / 3], "basis": _KAPPA},
-            "nu": {"value": 0.015, "range": [0.0, 0.03], "basis": _NU},
-            "rho": {"value": 300.0, "range": [200.0, 400.0], "basis": _RHO},
-            "kappa_target": {"value": 0.0, "range": [0.0, 0.0], "basis": "batch 1: one target row"},
-            "h0": {"value": 0.0, "range": [0.0, 0.0], "basis": "per-prompt set-up outside forwards: neglected"},
-            "h_step": {"value": 0.05, "range": [0.0, 0.1], "basis": _HARNESS},
-            "h_row": {"value": 0.0, "range": [0.0, 0.0], "basis": _HARNESS},
-            "t1_ms": {"value": 30.0, "range": [25.0, 40.0], "basis": "13B fp16 weights (26 GB) over about 1.5-2 "
-                      "TB/s effective bandwidth, plus launch overhead (assumption)"},
+            **_SHARED,
+            "t1_ms": _T1_13B,
         },
     },
 }
