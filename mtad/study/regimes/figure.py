@@ -109,9 +109,10 @@ def speed_panel(ax, res: dict, key: str, title: str) -> None:
     for gk, col in (("llama8b_1b", "#33a02c"), ("opt13b_125m", "#6a3d9a")):
         lo = [r["simulated"][f"{gk}_lo"][k_sim]["0.5"] for r in realr]
         hi = [r["simulated"][f"{gk}_hi"][k_sim]["0.5"] for r in realr]
-        label, (c_lo, c_hi) = GPU_PROFILES[gk][0].removeprefix("GPU, "), GPU_PROFILES[gk][1]
+        name, (c_lo, c_hi), (v_lo, v_hi), cw = GPU_PROFILES[gk]
+        label = name.removeprefix("GPU, ").split(" (")[0].replace(" target", "").replace(" draft", "").split(",")[0]
         ax.fill_between([r["alpha"][0] for r in realr], np.minimum(lo, hi), np.maximum(lo, hi), color=col, alpha=0.25,
-                        label=f"PROJECTION: {label} on a GPU (declared c {c_lo:g}–{c_hi:g}, v 1.0–1.1)")
+                        label=f"PROJECTION: {label}, GPU (c {c_lo:g}–{c_hi:g}, c_W ≤ {cw:.1f} c, v ≤ {v_hi:.2f})")
     meas = res["measured"]
     for i, m in enumerate(meas):
         ax.plot([m["alpha"][0]] * 2, m["projected"]["llama8b_1b"][k_sim], "-", color="#33a02c", lw=5, alpha=0.8,
