@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 from mtad.harness.clicheck import Terminated, check_overrides, cli_overrides, terminate_like_interrupt
 from mtad.harness.config import register_configs
 from mtad.harness.progress import summary_table
-from mtad.harness.rundir import remove_failed_run
+from mtad.harness.rundir import disk_full, remove_failed_run, stop_multirun
 from mtad.harness.runner import ResultsNotAppended, run
 
 register_configs()
@@ -54,6 +54,9 @@ def main(cfg: DictConfig) -> None:
         if not isinstance(err, BAD_INPUT) and not multirun:
             raise
         log.error("%s: %s", type(err).__name__, err)
+        if multirun and disk_full(err):  # every later job would fail the same way, Hydra's writes first
+            _record_job_error(err)
+            stop_multirun(_job_num(), cfg, str(err))
         print(f"mtad: error: {err}", file=sys.stderr)
         if multirun:
             _record_job_error(err)
@@ -70,6 +73,12 @@ def _is_multirun() -> bool:
     from hydra.types import RunMode
 
     return HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _job_num() -> int:
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get().job.num
 
 
 def _record_job_error(err: BaseException) -> None:

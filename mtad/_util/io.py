@@ -25,6 +25,12 @@ def real_path(path: str | Path) -> Path:
     return Path(os.path.realpath(path))
 
 
+def temp_name(name: str, random: str = "x" * 8) -> str:
+    """The name of :func:`atomic_write`'s temp file beside a file called ``name`` (``random``: tempfile's eight
+    characters), the longest name a write puts in that folder: ``.<name>.<random>.tmp``."""
+    return f".{name}.{random}.tmp"
+
+
 def atomic_write(path: str | Path, data: bytes | str | Callable[[str], None]) -> None:
     """Write ``data`` (bytes, text, or a function that writes a given file name, e.g. ``torch.save``) to a
     temp file beside ``path``, fsync it, then ``os.replace`` it over ``path``. The file keeps the mode of
@@ -32,7 +38,8 @@ def atomic_write(path: str | Path, data: bytes | str | Callable[[str], None]) ->
     replaced (beside the target), and the link stays a link."""
     path = real_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    prefix, _, suffix = temp_name(path.name, "\0").partition("\0")  # ".<name>." and ".tmp"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=suffix)
     try:
         if callable(data):
             os.close(fd)

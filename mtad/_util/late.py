@@ -8,6 +8,6 @@ from __future__ import annotations
 
 LATE_KEYS = {"decoder.proposer": "draft", "decoder.ngram_max": 2, "decoder.typical_threshold": 0.09,
              "decoder.typical_alpha": 0.3, "decoder.fuzzy_divergence": "js", "decoder.fuzzy_threshold": 0.4,
-             "task.batch_size": 1}
+             "task.batch_size": 1, "decoder.tree_width": 4, "decoder.tree_nodes": 16}
 # older than every hashed row (so always hashed), but not than every row a table may read
 HASHED_LATE_KEYS = {"decoder.accept": "lossless"}

@@ -84,15 +84,16 @@ def mmtad_accept(log_p_path: list[torch.Tensor], log_q_path: list[torch.Tensor],
 def multi_draft_accept(p: torch.Tensor, q: torch.Tensor, xs: torch.Tensor, u: torch.Tensor):
     """SpecInfer's multi-step speculative sampling at one tree node (ALGORITHMS.md §7, lossless).
 
-    p, q (V,): target and draft distributions at the node; xs (k,): children drawn i.i.d. from q;
-    u (k,): uniforms. Child i is accepted with probability min(1, p_i(x_i)/q(x_i)), where p_1 = p and
-    p_{i+1} = norm(max(0, p_i - q)) after each rejection. Returns (index of the accepted child or -1,
-    the distribution left after all rejections — meaningful only when the index is -1).
+    p (V,): the target distribution at the node; q (V,): the draft's, every child drawn i.i.d. from it, or
+    (k, V): child i's own proposal law (``dyntree``'s fixed children: one point mass each, ALGORITHMS.md §8);
+    xs (k,): the children; u (k,): uniforms. Child i is accepted with probability min(1, p_i(x_i)/q_i(x_i)),
+    where p_1 = p and p_{i+1} = norm(max(0, p_i - q_i)) after each rejection. Returns (index of the accepted
+    child or -1, the distribution left after all rejections — meaningful only when the index is -1).
     """
     check_device(p.device, q, xs, u, what="multi_draft_accept")
     for i in range(xs.shape[0]):
-        x = int(xs[i])
-        if u[i] < min(1.0, float(p[x] / q[x])):
+        x, qi = int(xs[i]), (q if q.dim() == 1 else q[i])
+        if u[i] < min(1.0, float(p[x] / qi[x])):
             return i, p
-        p = residual(p, q)
+        p = residual(p, qi)
     return -1, p

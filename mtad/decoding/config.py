@@ -16,6 +16,13 @@ from mtad.decoding.rules import ACCEPT_RULES
 from mtad.decoding.verifiers import DIVERGENCES
 
 NGRAM_DECODERS = PROPOSERS["ngram"].decoders  # decoders that take proposer=ngram (one chain, no tree)
+# proposer=draft names the pair's draft model, which each drafted decoder drafts from by its own step (speculative:
+# the proposer's chain; mtad: beam sampling, ALGORITHMS.md §5 step 1; mmtad, specinfer: trees). Only these decoders
+# draft with another model-based proposer's own chain; any other would swap it for its own step (recording and
+# hashing a proposer that never ran), so it is refused.
+OWN_DRAFT = "draft"
+MODEL_PROPOSER_DECODERS = ("speculative",)
+DYNTREE_ACCEPT = ("lossless", "joint")  # dyntree's rules on its tree (ALGORITHMS.md §8), not the chain table's
 FINITE_RANGES = {"temperature": "T >= 0", "top_p": "0 < top_p <= 1", "tau": "0 < tau <= 1",
                  "typical_threshold": "0 <= typical_threshold <= 1", "typical_alpha": "typical_alpha >= 0",
                  "block_top_p": "0 < block_top_p <= 1"}
@@ -36,7 +43,8 @@ class DecoderConfig:
     beam_width: int = 4  # W
     tau: float = 0.5
     replacement: bool = True  # beam step draws (beam, token) pairs with replacement
-    accept: str = "lossless"  # speculative: lossless | threshold | block | typical | fuzzy (VERIFIERS.md §1-§3)
+    accept: str = "lossless"  # speculative: lossless | threshold | block | typical | fuzzy (VERIFIERS.md §1-§3);
+    # dyntree: lossless | joint (ALGORITHMS.md §8)
     proposer: str = "draft"  # speculative, mtad: draft (the draft model) | ngram (prompt lookup, VERIFIERS.md §4)
     ngram_max: int = 2  # proposer=ngram: longest n-gram matched (HF's max_matching_ngram_size)
     typical_threshold: float = 0.09  # accept=typical: epsilon, Medusa's posterior_threshold
@@ -49,6 +57,8 @@ class DecoderConfig:
     node_budget: int = 4096  # mtjd exhaustive: refuse trees larger than this
     reference: str = "max"  # mmtad: max (R_d = best draft joint at depth d) | own
     k_config: List[int] = field(default_factory=lambda: [4, 2, 2])  # specinfer static tree
+    tree_width: int = 4  # dyntree: nodes expanded per depth, and children per expanded node
+    tree_nodes: int = 16  # dyntree: the best nodes kept (by cumulative draft probability) and verified
     eos_token_id: Optional[int] = None  # None: take it from the target's generation_config
 
     def __post_init__(self) -> None:
@@ -81,14 +91,21 @@ class DecoderConfig:
             bad("beam_width", "W >= 1")
         if not 0 < self.tau <= 1:
             bad("tau", "0 < tau <= 1")
-        if self.accept not in ACCEPT_RULES:
-            bad("accept", " | ".join(ACCEPT_RULES))
+        accepts = DYNTREE_ACCEPT if self.name == "dyntree" else ACCEPT_RULES
+        if self.accept not in accepts:
+            bad("accept", " | ".join(accepts) + (" (with decoder=dyntree)" if self.name == "dyntree" else ""))
         if self.proposer not in PROPOSERS:
             bad("proposer", " or ".join(f"'{p}'" for p in PROPOSERS))
         takers = PROPOSERS[self.proposer].decoders
         if takers is not None and self.name not in takers:
             bad("proposer", f"'draft' with decoder={self.name} ('{self.proposer}' only with decoder="
                             f"{' or '.join(takers)})")
+        if PROPOSERS[self.proposer].model and self.proposer != OWN_DRAFT and self.name not in MODEL_PROPOSER_DECODERS:
+            takers = " or ".join(f"decoder={d}" for d in MODEL_PROPOSER_DECODERS)
+            raise ValueError(f"decoder.proposer={self.proposer!r} is not used by decoder={self.name}, so the row would "
+                             f"record a proposer that never ran: only {takers} drafts a model-based proposer's own "
+                             f"chain (the others draft from the draft model by their own step, which proposer="
+                             f"{OWN_DRAFT} names, or not at all); use proposer={OWN_DRAFT}, or {takers}")
         if self.ngram_max < 1:
             bad("ngram_max", "an integer >= 1")
         if not 0 <= self.typical_threshold <= 1:
@@ -111,6 +128,10 @@ class DecoderConfig:
             bad("reference", "'max' or 'own'")
         if not self.k_config or any(int(k) < 1 for k in self.k_config):
             bad("k_config", "a non-empty list of branching factors, each >= 1, e.g. [4, 2, 2]")
+        if self.tree_width < 1:
+            bad("tree_width", "an integer >= 1 (nodes expanded per depth, children per node)")
+        if self.tree_nodes < 1:
+            bad("tree_nodes", "an integer >= 1 (tree nodes verified)")
 
     @classmethod
     def from_any(cls, cfg: "DecoderConfig | Mapping[str, Any] | None" = None, **overrides) -> "DecoderConfig":

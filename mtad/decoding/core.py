@@ -37,7 +37,11 @@ NEEDS_TREE: dict[str, tuple[str, ...]] = {}  # decoder -> roles whose model must
 CHECKS: dict[str, Callable[..., None]] = {}  # decoder -> check(models, cfg) run before any work
 READS: dict[str, Callable[[DecoderConfig], tuple[str, ...]]] = {}  # decoder -> the config keys it reads, for cfg
 # every decoder reads these (greedy ignores the filter, ALGORITHMS.md §1), so a row may always record them as set
-SHARED_KEYS = ("name", "max_new_tokens", "temperature", "top_k", "top_p", "gamma", "eos_token_id")
+SHARED_KEYS = ("name", "max_new_tokens", "temperature", "top_k", "top_p", "eos_token_id")
+# gamma, the block length (Batch.blocks' depth, mtjd's block), is read by every decoder but these: greedy and sampling
+# emit one token a step and specinfer drafts len(k_config) deep, so their gamma changes nothing they decode and is
+# refused like any other key they do not read (ALGORITHMS.md, "Keys each decoder reads")
+GAMMA_UNREAD = frozenset({"greedy", "sampling", "specinfer"})
 
 
 def register(name: str, draft: bool = False, tree: tuple[str, ...] = (), check: Callable[..., None] | None = None,
@@ -68,10 +72,17 @@ def needs_draft(cfg: DecoderConfig) -> bool:
     return cfg.name in NEEDS_DRAFT and PROPOSERS[cfg.proposer].model
 
 
+def read_keys(cfg: DecoderConfig) -> set[str]:
+    """Every config key that ``cfg``'s decoder reads with ``cfg``: :data:`SHARED_KEYS`, ``gamma`` (unless
+    :data:`GAMMA_UNREAD`), and what its ``reads`` names (the accept rule's and the proposer's keys)."""
+    own = set(READS[cfg.name](cfg)) if cfg.name in READS else set()
+    return set(SHARED_KEYS) | own | (set() if cfg.name in GAMMA_UNREAD else {"gamma"})
+
+
 def unread_keys(cfg: DecoderConfig) -> dict[str, object]:
     """The settings of ``cfg`` away from their defaults that its decoder does not read (they cannot change
     what it decodes)."""
-    read = set(SHARED_KEYS) | set(READS[cfg.name](cfg)) if cfg.name in READS else set(SHARED_KEYS)
+    read = read_keys(cfg)
     base = DecoderConfig()
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
             if f.name not in read and getattr(cfg, f.name) != getattr(base, f.name)}
@@ -83,7 +94,7 @@ def check_keys(cfg: DecoderConfig) -> None:
     unread = unread_keys(cfg)
     if unread:
         gates = [f"{k}={getattr(cfg, k)}" for k in ("accept", "proposer", "mode", "select")
-                 if k in READS[cfg.name](cfg)]
+                 if k in read_keys(cfg)]
         where = f"decoder={cfg.name}" + (f" ({', '.join(gates)})" if gates else "")
         keys = ", ".join(f"decoder.{k}={v!r}" for k, v in unread.items())
         raise ValueError(f"{keys} {'has' if len(unread) == 1 else 'have'} no effect with {where}, so the row would "

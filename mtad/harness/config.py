@@ -16,8 +16,10 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from mtad._util.io import temp_name
 from mtad.decoding.config import DecoderConfig
 from mtad.decoding.core import check_keys
+from mtad.harness.store import sibling_names
 from mtad.harness.tracking import TrackingConfig
 from mtad.models.load import ModelConfig
 from mtad.tasks.base import TaskConfig
@@ -77,10 +79,13 @@ def experiment_name(cfg) -> str:
     key = "name" if cfg.get("name") else "experiment"
     value = cfg.get(key) or "default"
     text = str(value)
-    if len(f"{text}.jsonl".encode()) > MAX_NAME_BYTES:
+    # the longest file an append puts beside <name>.jsonl is its atomic rewrite's temp file (store.sibling_names)
+    extra = max(len(n.encode()) for n in sibling_names(".jsonl"))
+    if len(text.encode()) + extra > MAX_NAME_BYTES:
         raise ValueError(f"{key}={text[:40]!r}... is {len(text.encode())} bytes long: results go to "
-                         f"<results_dir>/<{key}>.jsonl and a file name holds at most {MAX_NAME_BYTES} bytes, so "
-                         f"use a name of at most {MAX_NAME_BYTES - 6} bytes")
+                         f"<results_dir>/<{key}>.jsonl, appended through its lock and a temp file "
+                         f"'{temp_name(f'<{key}>.jsonl')}', and a file name holds at most {MAX_NAME_BYTES} bytes, "
+                         f"so use a name of at most {MAX_NAME_BYTES - extra} bytes")
     if "/" in text or "\\" in text or "\0" in text or text.strip(".") == "" or ".." in text:
         raise ValueError(f"{key}={text!r} is not a plain file name: results go to <results_dir>/<{key}>.jsonl, so "
                          f"use a name without '/', '\\' or '..' (choose the folder with results_dir=...)")

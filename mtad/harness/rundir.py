@@ -13,10 +13,14 @@
   directory) keeps everything it held and loses only Hydra's files (``.hydra/``, the job log) that were
   not there before; a fresh run directory holding only Hydra's files is removed with the empty parent
   folders this run created. Without a snapshot (the callback not configured) nothing is removed.
+  ``on_job_end`` in a multirun: before the next job, the sweep folder and the results file must still be
+  writable (a disk that filled during the job); otherwise the multirun ends in one line (:func:`stop_multirun`),
+  as it does when a job's own write finds the disk full (``python -m mtad``, :func:`disk_full`).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -168,8 +172,56 @@ def _fail(err: Exception) -> None:
     sys.exit(2)
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(err: BaseException | None) -> bool:
+    """``err``, or an error it was raised from, is a full disk or an exhausted quota."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in DISK_FULL:
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def stop_multirun(job: Any, config: DictConfig, why: str) -> None:
+    """End a multirun after job number ``job``, in one ``mtad: error:`` line and exit status 2: ``why``, that the
+    rows already appended stay (in the results file of ``config``), and how to finish (a rerun skips the configs
+    that have rows). Hydra's own writes for a next job would otherwise fail with its traceback, and every later
+    job would fail the same way. ``SystemExit`` passes through Hydra's job runner, which catches only errors."""
+    results = _results_file(config)
+    where = f" in {results}" if results is not None else ""
+    print(f"mtad: error: the multirun stops after job {job}: {why}; the rows already appended stay{where}: free "
+          "space (or fix the folder), then rerun the same command to run the rest (configs with a row are skipped)",
+          file=sys.stderr)
+    sys.exit(2)
+
+
+def _is_multirun(config: DictConfig) -> bool:
+    return str(_select(config, "hydra.mode")).endswith("MULTIRUN")
+
+
+def _job_count(config: DictConfig) -> Optional[int]:
+    """The number of jobs of a basic-sweeper multirun, as the sweeper expands them (None for another sweeper)."""
+    if not str(_select(config, "hydra.sweeper._target_")).endswith("BasicSweeper"):
+        return None
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # hydra: heavy, only a multirun needs it
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = _select(config, "hydra.sweeper.params") or {}
+    overrides = [*(f"{k}={v}" for k, v in params.items()), *(_select(config, "hydra.overrides.task") or [])]
+    try:
+        return len(BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(overrides), None)[0])
+    except Exception:  # noqa: BLE001 - an override this parser reads differently: check after every job
+        return None
+
+
 class RunDirGuard(Callback):
-    """Checks the output paths before Hydra creates anything, and snapshots a single run's directory."""
+    """Checks the output paths before Hydra creates anything, and snapshots a single run's directory. In a
+    multirun, after each job that another follows, checks that the sweep folder and the results file can still
+    be written (a disk that filled during the job): if not, the multirun ends in one line (:func:`stop_multirun`)."""
+
+    jobs: Optional[int] = None  # the multirun's job count (on_multirun_start)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
@@ -182,6 +234,21 @@ class RunDirGuard(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _check_outputs(config, "hydra.sweep.dir", "sweep directory")
+        self.jobs = _job_count(config)
+
+    def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
+        job = _select(config, "hydra.job.num")
+        if not _is_multirun(config) or (self.jobs is not None and isinstance(job, int) and job + 1 >= self.jobs):
+            return
+        try:
+            out = _select(config, "hydra.sweep.dir")
+            if out is not None:
+                check_writable(out, "sweep directory", "hydra.sweep.dir (or results_dir)")
+            results = _results_file(config)
+            if results is not None:
+                check_results_file(results)
+        except (NotWritable, ValueError) as err:
+            stop_multirun(job, config, str(err))
 
 
 def _check_outputs(config: DictConfig, key: str, what: str) -> Any:

@@ -27,7 +27,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from mtad.decoding import DecoderConfig, PromptTooLong, generate
-from mtad.decoding.core import check, check_keys
+from mtad.decoding.core import check, check_keys, context_limit
 from mtad.decoding.propose import PROPOSERS
 from mtad.harness.config import check_run, experiment_name
 from mtad.harness.progress import PromptBar
@@ -261,8 +261,7 @@ class Job:
                 except PromptTooLong as err:
                     if task.cfg.on_long_prompt == "error":
                         raise
-                    base.update(skip_reason=f"prompt does not fit the model context: {err}",
-                                skip_kind="prompts do not fit the model context")
+                    base.update(skip_reason=f"prompt does not fit the model context: {err}", skip_kind=CONTEXT_SKIP)
             records.append(base)
         if not todo:
             return records
@@ -286,8 +285,12 @@ class Job:
         """The run's row from its decodes, scores and energy readings."""
         resolved, task, rows = self.resolved, self.task, self.rows
         if not self.decodes:
-            raise ValueError(nothing_decoded(rows, self.skips))
-        metrics = run_metrics(self.decodes, gamma=self.dec.gamma, energy=combine_readings(self.readings))
+            raise ValueError(nothing_decoded(rows, self.skips, context_limit(self.pair.target),
+                                             self.dec.max_new_tokens))
+        # per_position_acceptance: gamma positions, or as many as a decode proposed (specinfer drafts len(k_config)
+        # deep and does not read gamma)
+        depth = max([self.dec.gamma, *(len(r.position_proposals) for r in self.decodes)])
+        metrics = run_metrics(self.decodes, gamma=depth, energy=combine_readings(self.readings))
         if self.batch_s:  # task.batch_size > 1: per batch wall times (total_decode_s is their sum)
             metrics.update(n_batches=len(self.batch_s), batch_s=list(self.batch_s))
         metrics.update(perplexity(self.logps) if self.logps else {})
@@ -403,21 +406,48 @@ def _scored(pair, task, sample, prompt, result, want_ppl) -> dict:
 
 
 
-def nothing_decoded(rows: list[dict], skips: Counter) -> str:
-    """One line: how many prompts were skipped, why, the range of their lengths, and what to change."""
+CONTEXT_SKIP = "prompts do not fit the model context"
+
+
+def nothing_decoded(rows: list[dict], skips: Counter, context: int | None = None,
+                    max_new_tokens: int | None = None) -> str:
+    """One line: how many prompts were skipped, why, the range of their lengths, and what to change. A prompt
+    that does not fit the target's ``context`` with ``max_new_tokens`` fits once truncated to ``context -
+    max_new_tokens`` tokens (``task.on_long_prompt=truncate`` cuts to ``task.max_prompt_tokens``, never to the
+    model's context)."""
     if not rows:
         return "no prompt was decoded: the task selected no samples; check task.n_prompts and task.categories"
     parts = []
     for kind, n in skips.most_common():
         lengths = [r["prompt_tokens"] for r in rows if r.get("skip_kind", r.get("skip_reason")) == kind] or [0]
         parts.append(f"{n} {kind} ({min(lengths)}-{max(lengths)} tokens)")
-    fix = ("raise task.max_prompt_tokens or set task.on_long_prompt=truncate"
-           if any("max_prompt_tokens" in k for k in skips) else
-           "fix those rows of the data file (each is logged above with its reason)"
-           if all("cannot be rendered" in k for k in skips) else
-           "use shorter prompts, a model with a longer context, or task.on_long_prompt=truncate")
+    fixes = []
+    if any("max_prompt_tokens" in k for k in skips):
+        fixes.append("raise task.max_prompt_tokens or set task.on_long_prompt=truncate")
+    if CONTEXT_SKIP in skips:
+        longest = max(r["prompt_tokens"] for r in rows if r.get("skip_kind") == CONTEXT_SKIP)
+        fixes.append(context_fix(context, max_new_tokens, longest))
+    if not fixes:
+        fixes.append("fix those rows of the data file (each is logged above with its reason)"
+                     if all("cannot be rendered" in k for k in skips) else "use shorter prompts")
     total = sum(skips.values())
-    return f"no prompt was decoded: all {total} selected prompts were skipped: {'; '.join(parts)}; {fix}"
+    return f"no prompt was decoded: all {total} selected prompts were skipped: {'; '.join(parts)}; {'; '.join(fixes)}"
+
+
+def context_fix(context: int | None, max_new_tokens: int | None, longest: int) -> str:
+    """What makes prompts of up to ``longest`` tokens fit a target's context of ``context`` tokens with
+    ``max_new_tokens`` to generate: only the options that do."""
+    longer = "or use a model with a longer context"
+    if not context or not max_new_tokens:
+        return f"cut the prompts with task.max_prompt_tokens and task.on_long_prompt=truncate, {longer}"
+    room = context - max_new_tokens
+    if room < 1:
+        return (f"decoder.max_new_tokens={max_new_tokens} alone fills the target's context of {context} tokens: "
+                f"lower decoder.max_new_tokens, {longer}")
+    lower = (f", decoder.max_new_tokens={context - longest} or less" if longest < context else "")
+    return (f"set task.max_prompt_tokens={room} task.on_long_prompt=truncate (keeps each prompt's last {room} "
+            f"tokens: the target's context of {context} minus decoder.max_new_tokens={max_new_tokens}){lower}, "
+            f"{longer}")
 
 
 def _devices(pair) -> list:

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
-from mtad._util.io import atomic_write, real_path
+from mtad._util.io import atomic_write, real_path, temp_name
 from mtad.harness.rows import (
     ResultRow,
     check_version,
@@ -41,7 +41,17 @@ log = logging.getLogger(__name__)
 def lock_path(path: str | Path) -> Path:
     """The lock of a results file: ``<file>.lock`` beside the file itself (a symlink's target)."""
     real = real_path(path)
-    return real.with_name(real.name + ".lock")
+    return real.with_name(_lock_name(real.name))
+
+
+def _lock_name(name: str) -> str:
+    return name + ".lock"
+
+
+def sibling_names(name: str) -> list[str]:
+    """Every file name an append puts in the folder of a results file called ``name``: the file, its lock and
+    the temp file of its atomic rewrite (:func:`mtad._util.io.temp_name`, the longest)."""
+    return [name, _lock_name(name), temp_name(name)]
 
 
 @contextlib.contextmanager

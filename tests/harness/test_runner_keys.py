@@ -18,6 +18,7 @@ import pytest
 import tinymodels as tm
 import torch
 from inprocess import run_module
+from variants import missing_from, variants
 
 import mtad
 from mtad._util.paths import REPO_ROOT
@@ -29,15 +30,12 @@ from mtad.models.pair import ModelPair
 torch.set_num_threads(1)
 
 # a valid value away from the default for every key a decoder may or may not read
-OTHER = {"accept": "fuzzy", "proposer": "ngram", "ngram_max": 3, "typical_threshold": 0.2, "typical_alpha": 0.5,
-         "fuzzy_divergence": "tv", "fuzzy_threshold": 0.1, "tau": 0.3, "beam_width": 2, "replacement": False,
-         "mode": "exhaustive", "select": "nucleus", "block_top_p": 0.5, "node_budget": 10 ** 6,
-         "reference": "own", "k_config": [2, 2]}
-# variants whose keys differ from their decoder's defaults
-VARIANTS = [("greedy", {}), ("sampling", {}), ("speculative", {}), ("speculative", {"accept": "typical"}),
-            ("speculative", {"accept": "fuzzy"}), ("speculative", {"accept": "threshold"}),
-            ("speculative", {"proposer": "ngram"}), ("mtad", {}), ("mtad", {"proposer": "ngram"}), ("mmtad", {}),
-            ("specinfer", {}), ("mtjd", {}), ("mtjd", {"mode": "exhaustive", "select": "nucleus"})]
+OTHER = {"gamma": 7, "accept": "fuzzy", "proposer": "ngram", "ngram_max": 3, "typical_threshold": 0.2,
+         "typical_alpha": 0.5, "fuzzy_divergence": "tv", "fuzzy_threshold": 0.1, "tau": 0.3, "beam_width": 2,
+         "replacement": False, "mode": "exhaustive", "select": "nucleus", "block_top_p": 0.5, "node_budget": 10 ** 6,
+         "reference": "own", "k_config": [2, 2], "tree_width": 2, "tree_nodes": 5}
+# every decoder and variant of conf/decoder/ (tests/variants.py), and the exhaustive search's nucleus selection
+VARIANTS = variants(("mtjd", {"mode": "exhaustive", "select": "nucleus"}))
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 1, 4]  # repeats: prompt lookup proposes
 
 
@@ -52,7 +50,7 @@ def decode(models, cfg: dict, seed: int = 0) -> list[int]:
 
 
 def test_every_decoder_is_covered_and_every_key_is_listed():
-    assert {n for n, _ in VARIANTS} == set(DECODERS)
+    assert not missing_from(VARIANTS) and {n for n, _ in VARIANTS} == set(DECODERS)
     fields = {f for f in DecoderConfig.__dataclass_fields__}
     assert fields == set(SHARED_KEYS) | set(OTHER)  # a new key needs a value here (and a place in each decoder's list)
 
@@ -82,6 +80,10 @@ def test_every_refused_key_is_truly_ignored(monkeypatch):
     monkeypatch.setitem(core.READS, "mtad", lambda cfg: tuple(k for k in reads(cfg) if k != "tau"))
     mtad_variants = [v for v in VARIANTS if v[0] == "mtad"]  # the key lists of the others are unchanged
     assert any(b.startswith("mtad {} tau") for b in ignored_but_decoded_differently(models, mtad_variants))
+    # control: mtjd listed among the decoders that do not read gamma makes its gamma look unread; it is read
+    monkeypatch.setattr(core, "GAMMA_UNREAD", core.GAMMA_UNREAD | {"mtjd"})
+    mtjd_variants = [v for v in VARIANTS if v == ("mtjd", {})]
+    assert any(b.startswith("mtjd {} gamma") for b in ignored_but_decoded_differently(models, mtjd_variants))
 
 
 def test_refusal_names_every_unread_key_and_the_variant_in_one_line():
