@@ -1,4 +1,4 @@
-"""Short-answer factual QA: country capitals, chemical-element symbols and NQ-open (docs/TASKS.md).
+"""Short-answer factual QA: country capitals, element symbols, city countries, currencies, NQ-open (docs/TASKS.md).
 
 An answer is cut to its first answering sentence (``postprocess``: a leading preamble such as "Sure!" or
 "Of course," is skipped) and scored against the sample's reference strings after ``normalize``:
@@ -433,3 +433,72 @@ class NQOpen(ShortAnswerTask):
             return Sample(f"{split}-{i}", [f"{question}?"], refs, {"references": refs})
 
         return self.read(f"{split}.jsonl", parse)
+
+
+# Other names of the same country, as GeoNames names it (cities, currencies; docs/TASKS.md, "cities").
+COUNTRY_ALIASES: dict[str, tuple[str, ...]] = {
+    "United States": ("United States of America", "USA", "US", "U.S.", "U.S.A.", "America"),
+    "United Kingdom": ("UK", "U.K.", "Great Britain", "Britain"), "Russia": ("Russian Federation",),
+    "China": ("People's Republic of China", "PRC"), "South Korea": ("Korea", "Republic of Korea"),
+    "North Korea": ("Democratic People's Republic of Korea", "DPRK"), "The Netherlands": ("Holland",),
+    "Czechia": ("Czech Republic",), "Turkey": ("Türkiye", "Turkiye"), "Myanmar": ("Burma",),
+    "Ivory Coast": ("Côte d'Ivoire", "Cote d'Ivoire"), "Vietnam": ("Viet Nam",),
+    "Democratic Republic of the Congo": ("DR Congo", "DRC", "Congo-Kinshasa"),
+    "Republic of the Congo": ("Congo", "Congo-Brazzaville"), "Iran": ("Islamic Republic of Iran",),
+    "Syria": ("Syrian Arab Republic",), "Laos": ("Lao PDR",), "Timor Leste": ("East Timor", "Timor-Leste"),
+    "Eswatini": ("Swaziland",), "North Macedonia": ("Macedonia",), "Cabo Verde": ("Cape Verde",),
+    "Vatican": ("Vatican City", "Holy See"), "Palestinian Territory": ("Palestine",), "Taiwan": ("Republic of China",),
+    "Micronesia": ("Federated States of Micronesia",), "Bahamas": ("The Bahamas",), "Gambia": ("The Gambia",),
+}
+
+
+def country_refs(country: str, aliases: list[str]) -> list[str]:
+    return [country, *aliases, *COUNTRY_ALIASES.get(country, ())]
+
+
+@register("cities")
+class Cities(ShortAnswerTask):
+    """City -> country (rows ``{id?, city, country, aliases?}``; ``cities/cities.jsonl``, from GeoNames);
+    references: the country, row aliases, ``COUNTRY_ALIASES``."""
+
+    subdir = "cities"
+    instruction = "Answer with the name of the country only."
+
+    def load(self) -> list[Sample]:
+        def parse(row: dict, i: int) -> Sample:
+            city, country = need_str(row, "city"), need_str(row, "country")
+            refs = country_refs(country, string_list(row, "aliases", False))
+            return Sample(str(row.get("id", i)), [f"In which country is the city of {city}?"], refs,
+                          {"city": city, "references": refs})
+
+        return self.read("cities.jsonl", parse)
+
+    def subject(self, sample: Sample) -> str | None:
+        """The city, unless a reference holds its name ("Mexico City" is in Mexico)."""
+        city = normalize(sample.meta["city"])
+        refs = [normalize(r) for r in sample.reference]
+        return None if any(has_words(city, r) or has_words(r, city) for r in refs) else sample.meta["city"]
+
+
+@register("currencies")
+class Currencies(ShortAnswerTask):
+    """Country -> currency (rows ``{id?, country, currency, code?, aliases?}``; ``currencies/currencies.jsonl``,
+    from GeoNames); references: the currency's name ("Yen", "Euro", "Dollar") and its ISO 4217 code."""
+
+    subdir = "currencies"
+    instruction = "Answer with the name of the currency only."
+    cues = nouns = frozenset({"currency"})
+
+    def load(self) -> list[Sample]:
+        def parse(row: dict, i: int) -> Sample:
+            country, currency = need_str(row, "country"), need_str(row, "currency")
+            code = row.get("code")
+            refs = [currency, *([code] if isinstance(code, str) and code.strip() else []),
+                    *string_list(row, "aliases", False)]
+            return Sample(str(row.get("id", i)), [f"What is the currency of {country}?"], refs,
+                          {"country": country, "references": refs})
+
+        return self.read("currencies.jsonl", parse)
+
+    def subject(self, sample: Sample) -> str | None:
+        return sample.meta["country"]
