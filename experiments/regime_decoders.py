@@ -27,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from mtad._util.paths import REPO_ROOT, repo_relative  # noqa: E402
 from mtad.harness import clicheck  # noqa: E402
 from mtad.report import stats  # noqa: E402
+from mtad.report.markdown import DASH  # noqa: E402
+from mtad.report.markdown import table as md_table  # noqa: E402
 from mtad.study.regimes.inputs import alphas, drafts  # noqa: E402
 
 DECODERS = ("speculative", "block", "mtad", "mmtad", "specinfer")
@@ -129,27 +131,27 @@ def render(res: dict) -> str:
            + ("; clean trees." if res["git_dirty"] == [False] else f"; trees dirty: {res['git_dirty']}.")
            + (f" Published as `{res['publication']}` (rows and per-prompt records under `results/published/`)."
               if res.get("publication") else ""), "",
-           "## Block efficiency (tokens per target forward) and acceptance", "",
-           "| draft | α | " + " | ".join(DECODERS) + " | acceptance: " + " / ".join(DECODERS) + " |",
-           "|" + " --- |" * (len(DECODERS) + 3)]
+           "## Block efficiency (tokens per target forward) and acceptance", ""]
+    rows = []
     for name, d in ordered(res):
-        a = d["alpha"]
-        be = [d["decoders"].get(k, {}).get("block_efficiency") for k in DECODERS]
-        ac = [d["decoders"].get(k, {}).get("acceptance") for k in DECODERS]
-        out.append(f"| {name} | {a[0]:.2f} | " if a else f"| {name} | — | ")
-        out[-1] += " | ".join("—" if x is None else f"{x:.2f}" for x in be) + " | "
-        out[-1] += " / ".join("—" if x is None else f"{x:.2f}" for x in ac) + " |"
+        be = [_num(d["decoders"].get(k, {}).get("block_efficiency")) for k in DECODERS]
+        ac = [_num(d["decoders"].get(k, {}).get("acceptance")) for k in DECODERS]
+        rows.append([name, _alpha(d), *be, " / ".join(ac)])
+    out += md_table(["draft", "α", *DECODERS, "acceptance: " + " / ".join(DECODERS)], rows)
+    others = [k for k in DECODERS if k != BASELINE]
     for kind, head in KINDS:
-        out += ["", f"## Against speculative decoding: {head}", "",
-                "| draft | α | " + " | ".join(k for k in DECODERS if k != BASELINE) + " |",
-                "|" + " --- |" * (len(DECODERS) + 1)]
-        for name, d in ordered(res):
-            a = d["alpha"]
-            vs = d["vs_speculative"]
-            cells = [stats.printed_interval(vs.get(k, {}).get(kind), kind) for k in DECODERS if k != BASELINE]
-            out.append(f"| {name} | {a[0]:.2f} | " + " | ".join(cells) + " |" if a else
-                       f"| {name} | — | " + " | ".join(cells) + " |")
+        rows = [[name, _alpha(d), *(stats.printed_interval(d["vs_speculative"].get(k, {}).get(kind), kind)
+                                    for k in others)] for name, d in ordered(res)]
+        out += ["", f"## Against speculative decoding: {head}", "", *md_table(["draft", "α", *others], rows)]
     return "\n".join(out) + "\n"
+
+
+def _num(x) -> str:
+    return DASH if x is None else f"{x:.2f}"
+
+
+def _alpha(d: dict) -> str:
+    return _num(d["alpha"][0] if d["alpha"] else None)
 
 
 def figure(res: dict, path: Path) -> None:

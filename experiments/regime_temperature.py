@@ -30,6 +30,7 @@ from mtad._util.paths import REPO_ROOT, repo_relative  # noqa: E402
 from mtad.decoding.config import MIN_TEMPERATURE  # noqa: E402
 from mtad.harness import clicheck  # noqa: E402
 from mtad.report import stats  # noqa: E402
+from mtad.report.markdown import DASH, table  # noqa: E402
 
 KINDS = (("cpu_speedup", "speed-up, CPU time"), ("speedup", "speed-up, wall time"),
          ("ppl_change", "perplexity change"), ("distinct2_diff", "distinct-2 difference"))
@@ -96,18 +97,16 @@ def render(res: dict, pair: str) -> str:
            "τ = 0.5 at T = 1; speculative decoding at T has exactly the law of sampling at T. Paired 95 % "
            "intervals over prompts (the project's bootstrap); a speed-up above 1 means MTAD is faster; CPU time is "
            "the process's CPU seconds, little moved by other processes on a shared machine.", "",
-           f"Output perplexity of MTAD matched by speculative decoding at: {matched}.", "",
-           "| run | output perplexity | distinct-2 | block efficiency | CPU ms/token |",
-           "| --- | --- | --- | --- | --- |"]
+           f"Output perplexity of MTAD matched by speculative decoding at: {matched}.", ""]
+    rows = []
     for k in ["mtad", *sorted(res["comparisons"])]:
         cpu = res["cpu_ms_per_token"].get(k)
-        out.append(f"| {k} | {res['perplexity'][k]:.3f} | {res['distinct_2'][k]:.3f} | "
-                   f"{res['block_efficiency'][k]:.2f} | {cpu:.1f} |" if cpu else f"| {k} | — | — | — | — |")
-    out += ["", "MTAD against each:", "",
-            "| against | " + " | ".join(h for _, h in KINDS) + " |", "|" + " --- |" * (len(KINDS) + 1)]
-    for ref, c in sorted(res["comparisons"].items()):
-        mark = " (matched)" if float(ref.split("=")[1]) == res["nearest_T"] else ""
-        out.append(f"| {ref}{mark} | " + " | ".join(stats.printed_interval(c[k], k) for k, _ in KINDS) + " |")
+        rows.append([k, f"{res['perplexity'][k]:.3f}", f"{res['distinct_2'][k]:.3f}",
+                     f"{res['block_efficiency'][k]:.2f}", f"{cpu:.1f}"] if cpu else [k, *[DASH] * 4])
+    out += table(["run", "output perplexity", "distinct-2", "block efficiency", "CPU ms/token"], rows)
+    rows = [[ref + (" (matched)" if float(ref.split("=")[1]) == res["nearest_T"] else ""),
+             *(stats.printed_interval(c[k], k) for k, _ in KINDS)] for ref, c in sorted(res["comparisons"].items())]
+    out += ["", "MTAD against each:", "", *table(["against", *(h for _, h in KINDS)], rows)]
     return "\n".join(out) + "\n"
 
 

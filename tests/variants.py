@@ -77,3 +77,13 @@ def missing_from(listed: Iterable[Variant], registered: Iterable[str] = ()) -> l
 def ids(v: Variant) -> str:
     name, extra = v
     return name + "".join(f"-{k}={val}" for k, val in extra.items())
+
+
+def slow_if_preset(v: Variant) -> tuple:
+    """Marks for a variant in the broad per-architecture and per-dtype grids: a preset (a conf file that sets
+    something away from its base decoder: block, typical, dyntree_joint, ...) runs with the slow tests there, so
+    the default suite keeps every base decoder and its time; ``tests/decoding/test_decoders.py`` runs every
+    variant by default."""
+    import pytest
+
+    return (pytest.mark.slow,) if v[1] else ()

@@ -31,6 +31,7 @@ from mtad.harness.runner import run_interleaved
 from mtad.harness.sweep import compose_job
 from mtad.models.load import ModelConfig, resolve_alias
 from mtad.report import stats
+from mtad.report.markdown import DASH, interval, table
 
 DECODERS = ("sampling", "speculative", "mtad")
 # 20 zero-shot GSM8K prompts x 64 new tokens: ~3 min for the three decoders on 2 CPU cores (bf16 pair)
@@ -103,13 +104,10 @@ class Eta:
 
 # ------------------------------------------------------------------------------------------- table
 def _fmt(iv: stats.Interval | None, unit: str) -> str:
-    if iv is None or iv.point is None:
-        return "—"
-    if unit == "x":
-        text = f"{iv.point:.2f}×"
-        return text + (f" [{iv.low:.2f}, {iv.high:.2f}]" if iv.has_interval else "")
-    text = f"{iv.point:+.1f} %"
-    return text + (f" [{iv.low:+.1f}, {iv.high:+.1f}]" if iv.has_interval else "")
+    if iv is None:
+        return DASH
+    v = (iv.point, iv.low, iv.high) if iv.has_interval else (iv.point,)
+    return interval(v, unit="×") if unit == "x" else interval(v, 1, unit=" %", signed=True)
 
 
 def _records(row: dict, search) -> dict | None:
@@ -130,8 +128,7 @@ def render(rows: list[dict], decoders: Sequence[str], search: Sequence[Path] = (
     head = ["decoder", "ms/token", "CPU ms/token", f"speed-up vs {decoders[base]}",
             f"CPU-time speed-up vs {decoders[base]}", "speed-up vs speculative", "CPU-time speed-up vs speculative",
             "block efficiency", "acceptance", f"perplexity change vs {decoders[base]}"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    cells, cpu = {}, {}
+    body, cells, cpu = [], {}, {}
     for i, (d, row, rec) in enumerate(zip(decoders, rows, recs)):
         m = row.get("metrics", {})
         vs_base = stats.compare("speedup", rec, recs[base]) if i != base else None
@@ -141,13 +138,14 @@ def render(rows: list[dict], decoders: Sequence[str], search: Sequence[Path] = (
         ppl = stats.compare("ppl_change", rec, recs[base]) if i != base else None
         cells[d] = (vs_base, vs_spec, ppl)
         acc = m.get("acceptance_rate")
-        lines.append("| " + " | ".join([
+        body.append([
             d, f"{m['ms_per_token']:.1f}" if m.get("ms_per_token") is not None else "—",
             _per_token_ms(m, "total_cpu_s"),
             _fmt(vs_base, "x") if i != base else "1 (baseline)", _fmt(cpu[d][0], "x") if i != base else "1 (baseline)",
             _fmt(vs_spec, "x") if vs_spec else "—", _fmt(cpu[d][1], "x") if cpu[d][1] else "—",
             f"{m['block_efficiency']:.2f}" if m.get("block_efficiency") is not None else "—",
-            f"{acc:.2f}" if acc is not None else "—", _fmt(ppl, "%") if i != base else "—"]) + " |")
+            f"{acc:.2f}" if acc is not None else "—", _fmt(ppl, "%") if i != base else "—"])
+    lines = table(head, body, compact=True)
     n = min((len(r) for r in recs if r), default=0)
     pair = rows[0].get("model", {}).get("name")
     hw = rows[0].get("device_name") or "this machine"

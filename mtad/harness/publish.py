@@ -49,6 +49,7 @@ from mtad._util.paths import REPO_ROOT, repo_relative
 from mtad.harness.rows import to_json_line
 from mtad.harness.store import load_frame, load_results
 from mtad.report import stats
+from mtad.report.markdown import table
 from mtad.report.render import write_tables
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,7 @@ PUBLISHED = REPO_ROOT / "results" / "published"
 README = "README.md"
 INDEX_START = "<!-- publications: written by python -m mtad.harness.publish; one line each -->"
 INDEX_END = "<!-- /publications -->"
-INDEX_HEADER = ("| publication | rows | per-prompt records | provenance | re-render |\n"
-                "| --- | --- | --- | --- | --- |")
+INDEX_COLUMNS = ("publication", "rows", "per-prompt records", "provenance", "re-render")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 FULL_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # SHA-1 or SHA-256 object names, never a ref or a prefix
 HASH_RE = re.compile(r"[0-9a-f]{12,64}")
@@ -436,10 +436,11 @@ def with_index_line(text: str, name: str, n_rows: int, n_overridden: int, comman
     absent)."""
     text = text or "# Published result rows\n"
     if INDEX_START not in text:
-        text = text.rstrip("\n") + f"\n\n## Index\n\n{INDEX_START}\n{INDEX_HEADER}\n{INDEX_END}\n"
+        block = "\n".join([INDEX_START, *table(INDEX_COLUMNS), INDEX_END])
+        text = text.rstrip("\n") + f"\n\n## Index\n\n{block}\n"
     prov = "clean commits in history" if not n_overridden else f"{n_overridden} row(s) published with an override"
-    line = (f"| `{name}` ({day or date.today().isoformat()}; published with {_code_cell(' '.join(command.split()))}) "
-            f"| {n_rows} | `runs-{name}/` | {prov} | `{render_command(name)}` |")
+    cell = f"`{name}` ({day or date.today().isoformat()}; published with {_code_cell(' '.join(command.split()))})"
+    line = table(INDEX_COLUMNS, [[cell, str(n_rows), f"`runs-{name}/`", prov, f"`{render_command(name)}`"]])[-1]
     return text.replace(INDEX_END, f"{line}\n{INDEX_END}")
 
 

@@ -182,9 +182,9 @@ def verdict(c: dict) -> str:
     """The verdict of the interval **as printed**, holding under the bootstrap's draw
     (:func:`mtad.report.stats.judge`): "significant at n = …" when both printed ends exclude no change,
     "borderline at n = …" when a printed end rounds to it or lies within Monte-Carlo error of rounding to it,
-    "not significant at n = …" when it spans it; the reason where there is no interval. A speed or energy claim gets a verdict
-    only when every row it compares was decoded interleaved (its ``timing`` says so): timings of runs decoded
-    one after another are not paired."""
+    "not significant at n = …" when it spans it; the reason where there is no interval. A speed or energy claim
+    gets a verdict only when every row it compares was decoded interleaved (its ``timing`` says so): timings of
+    runs decoded one after another are not paired."""
     iv = c["fallback"] or c["interval"]
     if c["ours"] is None or iv is None:
         return DASH

@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from mtad._util.io import writable_dir
+from mtad.report.markdown import interval
+from mtad.report.markdown import table as md_table
 from mtad.report.stats import (
     N_RESAMPLES,
     cell_key,
@@ -186,8 +188,8 @@ def frontier_verdict(pts: Sequence[Point]) -> list[str]:
             where = "below"
         else:
             where = "on (within the intervals)"
-        out.append(f"{p.label}: {where} the sampling frontier (accuracy {p.accuracy[0]:.3f} "
-                   f"[{p.accuracy[1]:.3f}, {p.accuracy[2]:.3f}] vs {y:.3f} on the frontier at distinct-2 {x:.3f})")
+        out.append(f"{p.label}: {where} the sampling frontier (accuracy {interval(p.accuracy, 3)} vs {y:.3f} on "
+                   f"the frontier at distinct-2 {x:.3f})")
     return out
 
 
@@ -200,7 +202,7 @@ def _outside(p: Point, samp: Sequence[Point]) -> str:
     low_side = p.distinct2[0] < samp[0].distinct2[0]
     s = samp[0] if low_side else samp[-1]
     d, lo, hi = paired_difference(p, s)
-    diff = f"accuracy {d:+.3f} [{lo:+.3f}, {hi:+.3f}] vs {s.label} on the same prompts"
+    diff = f"accuracy {interval((d, lo, hi), 3, signed=True)} vs {s.label} on the same prompts"
     span = f"{samp[0].distinct2[0]:.3f}–{samp[-1].distinct2[0]:.3f}"
     if low_side and hi < 0:
         return (f"{p.label}: below the sampling frontier — {s.label} is both more diverse (distinct-2 "
@@ -214,13 +216,11 @@ def _outside(p: Point, samp: Sequence[Point]) -> str:
 
 
 def table(pts: Sequence[Point], pair: str, task: str, hardware: str) -> str:
+    rows = [[p.label, interval(p.accuracy, 3), interval(p.distinct2, 3), str(p.n_prompts), str(p.n_seeds)]
+            for p in sorted(pts, key=lambda p: (p.family, p.setting or 0))]
     lines = [f"# Accuracy vs diversity: {task}, {pair} ({hardware})", "",
-             "| decoder setting | accuracy [95 % CI] | distinct-2 [95 % CI] | prompts | seeds |",
-             "|---|---|---|---|---|"]
-    for p in sorted(pts, key=lambda p: (p.family, p.setting or 0)):
-        a, d = p.accuracy, p.distinct2
-        lines.append(f"| {p.label} | {a[0]:.3f} [{a[1]:.3f}, {a[2]:.3f}] | {d[0]:.3f} [{d[1]:.3f}, {d[2]:.3f}] | "
-                     f"{p.n_prompts} | {p.n_seeds} |")
+             *md_table(["decoder setting", "accuracy [95 % CI]", "distinct-2 [95 % CI]", "prompts", "seeds"], rows,
+                       compact=True)]
     lines += ["", "Accuracy: the task's headline score per prompt, averaged over seeds; distinct-2 over one seed's "
               "outputs, averaged over seeds; intervals: percentile bootstrap over prompts "
               f"({N_RESAMPLES} resamples).", "", "MTAD against the sampling frontier:", ""]

@@ -47,6 +47,7 @@ from mtad.report.frame import (
     num,
     prepare,
 )
+from mtad.report.markdown import interval, table
 
 log = logging.getLogger(__name__)
 
@@ -122,13 +123,13 @@ def fmt_interval(point: float | None, iv, percent: bool = False, digits: int = 2
     """``1.17× [0.95, 1.40]`` / ``−4.0 % [−9.1, +1.2]``; the point marked † when there is no interval."""
     if point is None:
         return DASH
-    if iv is not None and iv.point is not None and iv.has_interval:
-        point = iv.point
-    f = (lambda x: f"{x:+.1f}".replace("-", "−")) if percent else (lambda x: f"{x:.{digits}f}")
-    unit = " %" if percent else "×"
     if iv is None or not iv.has_interval:
-        return f"{f(point)}{unit}{POINT_ONLY}"
-    return f"{f(point)}{unit} [{f(iv.low)}, {f(iv.high)}]"
+        v = (point,)
+    else:
+        v = (point if iv.point is None else iv.point, iv.low, iv.high)
+    if percent:
+        return interval(v, 1, unit=" %", signed=True, minus="−", bare=POINT_ONLY)
+    return interval(v, digits, unit="×", bare=POINT_ONLY)
 
 
 def speed_rows(df, task: str) -> tuple[list[str], list[list]]:
@@ -203,10 +204,8 @@ def versus_sampling_rows(df) -> tuple[list[str], list[list]]:
 def _fmt_diff(point, iv) -> str:
     if point is None:
         return DASH
-    f = lambda x: f"{x:+.3f}".replace("-", "−")  # noqa: E731
-    if iv is None or not iv.has_interval:
-        return f"{f(point)}{POINT_ONLY}"
-    return f"{f(iv.point)} [{f(iv.low)}, {f(iv.high)}]"
+    v = (point,) if iv is None or not iv.has_interval else (iv.point, iv.low, iv.high)
+    return interval(v, 3, signed=True, minus="−", bare=POINT_ONLY)
 
 
 def missing_records(df) -> list[str]:
@@ -293,13 +292,7 @@ def _fmt_claim_ci(c: dict) -> str:
 
 # ------------------------------------------------------------------------------------------- markdown
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    def esc(s: str) -> str:
-        return str(s).replace("|", "\\|")
-
-    lines = ["| " + " | ".join(esc(h) for h in header) + " |", "|" + " --- |" * len(header)]
-    for row in rows:
-        lines.append("| " + " | ".join(esc(_fmt(v, h)) for v, h in zip(row, header)) + " |")
-    return "\n".join(lines)
+    return "\n".join(table(header, [[_fmt(v, h) for v, h in zip(row, header)] for row in rows], escape=True))
 
 
 def _settings_note(df) -> list[str]:

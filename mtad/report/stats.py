@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from mtad._util.paths import REPO_ROOT
+from mtad.report.markdown import DASH, interval
 
 log = logging.getLogger(__name__)
 
@@ -109,16 +110,15 @@ def printed_interval(v: Sequence | None, kind: str) -> str:
     ``1.12× [1.04, 1.21] (significant)``, ``-0.4 % [-7.9, 7.7] (not significant)``; the point alone without an
     interval, ``—`` without a point."""
     if v is None or v[0] is None:
-        return "—"
-    d = DIGITS.get(kind, 3)
+        return DASH
     unit = "×" if NO_CHANGE.get(kind) == 1.0 else (" %" if kind == "ppl_change" else "")
-    body = f"{v[0]:.{d}f}{unit} [{v[1]:.{d}f}, {v[2]:.{d}f}]" if v[1] is not None else f"{v[0]:.{d}f}{unit}"
+    body = interval(v[:3], DIGITS.get(kind, 3), unit=unit)
     return body + (f" ({v[3]})" if len(v) > 3 and v[3] else "")
 
 
 def judge(iv: Interval) -> str | None:
     """The verdict of an interval as printed, holding under the bootstrap's draw: :func:`judge_printed` of the
-    :func:`settle`\ d interval, "borderline" when an end's Monte-Carlo band still straddles a rounding edge of
+    :func:`settle`-d interval, "borderline" when an end's Monte-Carlo band still straddles a rounding edge of
     no change after ``MAX_RESAMPLES`` resamples; None without an interval. An interval without a distribution
     (made by hand) is judged as printed."""
     if not iv.has_interval:

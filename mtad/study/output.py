@@ -9,17 +9,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mtad._util.io import atomic_write
+from mtad.report.markdown import DASH, interval, table
 
-DASH = "—"
 FAMILY_STYLE = {"lossless": ("o", "#1b9e77"), "block": ("s", "#d95f02"), "threshold": ("^", "#7570b3"),
                 "typical": ("D", "#e7298a"), "fuzzy": ("v", "#66a61e"), "mtad": ("*", "#e6ab02")}
 
 
 def _ci(t: Sequence[float | None], digits: int = 2, signed: bool = False) -> str:
-    if t is None or t[0] is None:
-        return DASH
-    f = (lambda x: f"{x:+.{digits}f}".replace("-", "−")) if signed else (lambda x: f"{x:.{digits}f}".replace("-", "−"))
-    return f"{f(t[0])} [{f(t[1])}, {f(t[2])}]"
+    return interval(t, digits, signed=signed, minus="−")
 
 
 def markdown(rows: Sequence[dict], meta: dict) -> str:
@@ -37,14 +34,12 @@ def markdown(rows: Sequence[dict], meta: dict) -> str:
         header = ["rule", "lossless", "accepted length L [95 % CI]", "Δ L vs token-wise",
                   *(f"P(τ≥{i})" for i in range(1, K + 1)), "TV first token [95 % CI]",
                   "log p / token (raw target)", "Δ log p / token vs token-wise"]
-        parts += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-        for r in sub:
-            cells = [r["label"], "yes" if r["lossless"] else "no", _ci(r["mean_accept_length"]),
-                     _ci(r["delta_accept_length_vs_lossless"], signed=True),
-                     *(_ci(m) for m in r["marginal_accept_rates"]), _ci(r["tv_first_token"], 3),
-                     _ci(r["loglik_per_token"]), _ci(r["delta_loglik_per_token_vs_lossless"], 3, signed=True)]
-            parts.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-        parts.append("")
+        body = [[r["label"], "yes" if r["lossless"] else "no", _ci(r["mean_accept_length"]),
+                 _ci(r["delta_accept_length_vs_lossless"], signed=True),
+                 *(_ci(m) for m in r["marginal_accept_rates"]), _ci(r["tv_first_token"], 3),
+                 _ci(r["loglik_per_token"]), _ci(r["delta_loglik_per_token_vs_lossless"], 3, signed=True)]
+                for r in sub]
+        parts += [*table(header, body, escape=True), ""]
     parts += ["## How to read it", "", *(f"- {line}" for line in NOTES(meta)), ""]
     return "\n".join(parts)
 

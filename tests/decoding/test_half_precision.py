@@ -24,7 +24,7 @@ import pytest
 import test_kv_tree as kvt
 import tinymodels as tm
 import torch
-from variants import drafted, variants
+from variants import drafted, slow_if_preset, variants
 
 import mtad
 from mtad.decoding.kv import Session
@@ -98,7 +98,8 @@ def _decoder_cases(full: bool):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dec,kind", _decoder_cases(False), ids=[f"{ids(d)}-{k}" for d, k in _decoder_cases(False)])
+@pytest.mark.parametrize("dec,kind", [pytest.param(d, k, id=f"{ids(d)}-{k}", marks=slow_if_preset(d))
+                                      for d, k in _decoder_cases(False)])
 def test_t0_equals_same_precision_greedy(arch, dtype, dec, kind):
     assert t0(ModelPair(target(arch, dtype), draft(arch, dtype, kind)), *dec) == oracle(arch, dtype)
 
@@ -109,7 +110,7 @@ FULL = [c for c in _decoder_cases(True) if c not in _decoder_cases(False)]
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=dname)
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dec,kind", FULL, ids=[f"{ids(d)}-{k}" for d, k in FULL])
+@pytest.mark.parametrize("dec,kind", [pytest.param(d, k, id=f"{ids(d)}-{k}", marks=slow_if_preset(d)) for d, k in FULL])
 def test_t0_equals_same_precision_greedy_all_drafts(arch, dtype, dec, kind):
     assert t0(ModelPair(target(arch, dtype), draft(arch, dtype, kind)), *dec) == oracle(arch, dtype)
 

@@ -18,6 +18,7 @@ import tinymodels as tm
 import torch
 from decoding.test_decoders import DECODERS, SAMPLED, ids
 from transformers import DynamicCache
+from variants import slow_if_preset
 
 import mtad
 from mtad.decoding import attention, kv
@@ -92,7 +93,8 @@ CASES = [(d, draft) for d in DECODERS for draft in (("random", "near", "same") i
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dec,draft", CASES, ids=[f"{ids(d)}-{dr}" for d, dr in CASES])
+@pytest.mark.parametrize("dec,draft", [pytest.param(d, dr, id=f"{ids(d)}-{dr}", marks=slow_if_preset(d))
+                                       for d, dr in CASES])
 def test_t0_equals_greedy_and_generate(arch, dec, draft):
     """Every decoder at T=0 reproduces greedy (= HF generate, test above) token for token, with rollbacks,
     beams and tree compaction all past the window."""
@@ -119,7 +121,7 @@ def test_partial_acceptance_rolls_back_past_the_window(arch, name):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("dec", SAMPLED, ids=ids)
+@pytest.mark.parametrize("dec", [pytest.param(d, id=ids(d), marks=slow_if_preset(d)) for d in SAMPLED])
 def test_identical_draft_accepts_every_block(arch, dec):
     r = gen(pair(arch, "same"), *dec, seed=3, top_k=0, top_p=1.0, tau=0.5, max_new_tokens=20, gamma=3)
     assert r.accepted and r.accepted == r.proposed

@@ -29,10 +29,12 @@ from mtad.tasks.base import TaskConfig, get_task
 
 PUBLISHED = sorted((REPO_ROOT / "results" / "published").glob("*.jsonl"))
 PROFILE_OF = {"cpu_table": "cpu", "cpu_table_feature": "cpu_feature", "cpu_table_bf16": "cpu_bf16",
-              "cpu_table_bf16_feature": "cpu_bf16_feature", "cpu_qa": "cpu_qa", "cpu_qa_rescored": "cpu_qa"}
+              "cpu_table_bf16_feature": "cpu_bf16_feature", "cpu_qa": "cpu_qa",
+              "cpu_qa_rescored": "cpu_qa"}
 
 # the draft each table was measured with: tests/published_drafts.py
-QA = {"cpu_qa-2026-12-06", "cpu_qa_rescored-2026-12-07"}  # the second: the first's rows, re-scored  # PROFILE=cpu_qa: its own grid (test_published_qa_rows_hash_into_the_qa_grid)
+# PROFILE=cpu_qa: its own grid (test_published_qa_rows_hash_into_the_qa_grid); the second: the first's rows, re-scored
+QA = {"cpu_qa-2026-12-06", "cpu_qa_rescored-2026-12-07"}
 # settings a published file ran under that its profile's grid does not have today (none at present)
 MEASURED_AS: dict[str, list[str]] = {}
 # rows no config of today can give the hashes of (none at present)

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 from mtad.harness.rows import environment_info
+from mtad.report.markdown import interval
+from mtad.report.markdown import table as md_table
 from mtad.study.forecast import costs, declared
 from mtad.study.forecast.predict import forecast
 from mtad.study.forecast.replay import STORE, Replayer, Workload
@@ -93,25 +95,16 @@ def workload(args) -> Workload:
                     count=args.prompts, tokens=args.tokens, seed=args.seed)
 
 
-def _iv(v, digits: int = 2, unit: str = "") -> str:
-    if v is None or v[0] is None:
-        return "—"
-    if v[1] is None:
-        return f"{v[0]:.{digits}f}{unit}"
-    return f"{v[0]:.{digits}f}{unit} [{v[1]:.{digits}f}, {v[2]:.{digits}f}]"
-
-
 def table(results: list[dict]) -> str:
-    head = ("| setting | profile | ms/token | vs sampling | vs speculative γ=4 | tokens/step | perplexity vs "
-            "sampling | distinct-2 vs sampling |")
-    out = [head, "|" + " --- |" * 8]
+    rows = []
     for r in results:
         f, q = r["forecast"], r["forecast"].get("quality_vs_sampling") or {}
-        out.append(f"| {r['setting']} | {r['profile_label']} | {_iv(f['ms_per_token'], 1)} | "
-                   f"{_iv(f.get('speedup_vs_sampling'), 2, '×')} | {_iv(f.get('speedup_vs_speculative'), 2, '×')} | "
-                   f"{_iv(f['tokens_per_step'])} | {_iv(q.get('ppl_change'), 1, ' %')} | "
-                   f"{_iv(q.get('distinct2_diff'), 3)} |")
-    return "\n".join(out) + "\n"
+        rows.append([r["setting"], r["profile_label"], interval(f["ms_per_token"], 1),
+                     interval(f.get("speedup_vs_sampling"), unit="×"),
+                     interval(f.get("speedup_vs_speculative"), unit="×"), interval(f["tokens_per_step"]),
+                     interval(q.get("ppl_change"), 1, unit=" %"), interval(q.get("distinct2_diff"), 3)])
+    return "\n".join(md_table(["setting", "profile", "ms/token", "vs sampling", "vs speculative γ=4",
+                               "tokens/step", "perplexity vs sampling", "distinct-2 vs sampling"], rows)) + "\n"
 
 
 def run_forecasts(rep: Replayer, specs, profiles) -> list[dict]:

@@ -16,6 +16,7 @@ import numpy as np
 
 from mtad._util.io import atomic_write
 from mtad.report import stats
+from mtad.report.markdown import DASH, interval, table
 from mtad.study.forecast.spec import from_config, parse
 
 FIGURES = (("ms_per_token", "CPU ms/token", 1), ("speedup_vs_sampling", "vs sampling", 2),
@@ -117,12 +118,6 @@ def summary(points: list[dict]) -> dict:
     return out
 
 
-def _cell(v, d: int) -> str:
-    if v is None:
-        return "—"
-    return f"{v[0]:.{d}f} [{v[1]:.{d}f}, {v[2]:.{d}f}]" if v[1] is not None else f"{v[0]:.{d}f}"
-
-
 def render(res: dict) -> str:
     s = res["summary"]
     head = ["# Forecast against measurement: the ex-ante check", "",
@@ -132,7 +127,7 @@ def render(res: dict) -> str:
             + (f", published as `{res['publication']}`" if res.get("publication") else "")
             + f"; {res['hardware']}, one thread, CPU time"
             + (f", load average {res['load_1min'][0]:.1f}–{res['load_1min'][1]:.1f} on 2 cores during the runs"
-               if res.get("load_1min") else "") + f". Forecast: the setting's hardware-free replay on GSM8K "
+               if res.get("load_1min") else "") + ". Forecast: the setting's hardware-free replay on GSM8K "
             "train prompts × the pair's cost profile, calibrated by its own command on other train prompts at "
             "other settings. Measured: GSM8K test prompts, every setting of a draft interleaved; paired 95 % "
             "intervals over prompts. Error = forecast / measured − 1; ✓ = the measured interval contains the "
@@ -145,23 +140,23 @@ def render(res: dict) -> str:
             lines.append(f"- {label}: the measured interval contains {x['contained']} of {x['points']} forecasts; "
                          f"largest error {100 * x['largest_error']:+.1f} %, mean |error| "
                          f"{100 * x['mean_abs_error']:.1f} %.")
-    tab = ["", "| draft | setting | role | "
-           + " | ".join(f"{lab}: forecast / measured / error" for _, lab, _ in FIGURES)
-           + " | perplexity vs sampling: forecast / measured |", "|" + " --- |" * 7]
+    rows = []
     for p in res["points"]:
         cells = []
         for fig, _, d in FIGURES:
             x = p.get(fig)
-            cells.append("—" if x is None else f"{_cell(x['forecast'], d)} / {_cell(x['measured'], d)} / "
+            cells.append(DASH if x is None else f"{interval(x['forecast'], d)} / {interval(x['measured'], d)} / "
                          f"{100 * x['error']:+.1f} % {'✓' if x['contained'] else '✗'}")
-        q = f"{_cell(p['forecast_ppl_change_vs_sampling'], 1)} / {_cell(p['measured_ppl_change_vs_sampling'], 1)}"
-        tab.append(f"| {p['draft']} | {p['setting']} | {p['role']} | " + " | ".join(cells) + f" | {q} |")
+        q = [interval(p[f"{k}_ppl_change_vs_sampling"], 1) for k in ("forecast", "measured")]
+        rows.append([p["draft"], p["setting"], p["role"], *cells, " / ".join(q)])
+    tab = ["", *table(["draft", "setting", "role", *(f"{lab}: forecast / measured / error" for _, lab, _ in FIGURES),
+                       "perplexity vs sampling: forecast / measured"], rows)]
     rank = ["", "## The recommendation checked: settings ranked by forecast, then measured", ""]
     for draft, r in res.get("ranking", {}).items():
         m = r["measured_winner_vs_runner_up"]
         rank.append(f"- {draft}: forecast winner `{r['winner']}`, runner-up `{r['runner_up']}` (forecast "
                     f"{r['forecast_winner_vs_runner_up']:.2f}× faster); measured "
-                    + (f"{m[0]:.2f}× [{m[1]:.2f}, {m[2]:.2f}]" if m else "—")
+                    + interval(m, unit="×")
                     + f" in CPU time. Rank correlation of forecast and measured ms/token over "
                     f"{len(r['forecast_order'])} settings: {r['spearman']:.2f}.")
     return "\n".join(head + lines + tab + rank) + "\n"

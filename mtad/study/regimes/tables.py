@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from mtad.measure.simulate import DECODERS, GPU_PROFILES
+from mtad.report.markdown import interval
+from mtad.report.markdown import table as md_table
 from mtad.study.regimes import why
 from mtad.study.regimes.build import WITHIN, within
 from mtad.study.regimes.inputs import TAUS
@@ -11,17 +13,12 @@ from mtad.study.regimes.two_axis import tables as two_axis_tables
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
     """A markdown table, a blank line after it."""
-    return ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header),
-            *("| " + " | ".join(r) + " |" for r in rows), ""]
+    return [*md_table(header, rows), ""]
 
 
 def ci(t, d: int = 2) -> str:
-    """``point [lo, hi]``; the point alone where the interval is missing (too few prompts)."""
-    if not t or t[0] is None:
-        return "—"
-    if t[1] is None or t[2] is None:
-        return f"{t[0]:.{d}f} [—]"
-    return f"{t[0]:.{d}f} [{t[1]:.{d}f}, {t[2]:.{d}f}]"
+    """``point [lo, hi]``; the point and ``[—]`` where the interval is missing (too few prompts)."""
+    return interval(t or None, d, bare=" [—]")
 
 
 def pct(x) -> str:

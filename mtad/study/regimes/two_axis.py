@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mtad.report.markdown import DASH, interval
+from mtad.report.markdown import table as md_table
 from mtad.study.forecast.regime2d import DECODERS, breakeven
 from mtad.study.regimes.figure import PAPER_RUNS
 
@@ -14,12 +16,8 @@ NAMES = {"mtad": "MTAD", "mmtad": "MMTAD", "specinfer": "SpecInfer 4·2·2", "bl
 MAP_PROFILE = "llama8b_1b"  # the slice the figure draws: the paper's camera-ready pair's c
 
 
-def _iv(v) -> str:
-    return "—" if v is None else f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]"
-
-
 def _at(x) -> str:
-    return "—" if x is None else f"{x:.2f}"
+    return DASH if x is None else f"{x:.2f}"
 
 
 def tables(res: dict) -> list[str]:
@@ -32,18 +30,19 @@ def tables(res: dict) -> list[str]:
         out += [f"**{p['label']}** (projection; c {t['c']:g}, c_W/c {t['cW_over_c']:.2f}, v(5) {t['v5']:.2f}, "
                 f"harness {t['h_step']:g} step per step; every term and its basis: `mtad/measure/gpu_profiles.py`). "
                 "Speed-up over speculative decoding at these costs [95 % CI], and where along each axis MTAD's and "
-                "MMTAD's speed-up crosses 1 (c_W/c at this v(5); v(5) at this c_W/c; — : not within 1–2):", "",
-                "| draft | α | " + " | ".join(NAMES[d] for d in DECODERS)
-                + " | MTAD breaks even at c_W/c | MTAD at v(5) | MMTAD at v(5) |", "|" + " --- |" * 8]
+                "MMTAD's speed-up crosses 1 (c_W/c at this v(5); v(5) at this c_W/c; — : not within 1–2):", ""]
+        rows = []
         for dr in m["drafts"]:
             at = p["at_profile"][dr["name"]]
             be = dr["be_ratio"]
             cw = breakeven(be["mtad"][0], p["factor_cw"]["mtad"], m["cw_axis"]) if be["mtad"] else None
             vm = breakeven(be["mtad"][0], p["factor_v"]["mtad"], m["v_axis"]) if be["mtad"] else None
             vmm = breakeven(be["mmtad"][0], p["factor_v"]["mmtad"], m["v_axis"]) if be["mmtad"] else None
-            out.append(f"| {dr['name']} | {dr['alpha'][0]:.2f} | " + " | ".join(_iv(at[d]) for d in DECODERS)
-                       + f" | {_at(cw)} | {_at(vm)} | {_at(vmm)} |")
-        out.append("")
+            rows.append([dr["name"], f"{dr['alpha'][0]:.2f}", *(interval(at[d]) for d in DECODERS), _at(cw), _at(vm),
+                         _at(vmm)])
+        header = ["draft", "α", *(NAMES[d] for d in DECODERS), "MTAD breaks even at c_W/c", "MTAD at v(5)",
+                  "MMTAD at v(5)"]
+        out += [*md_table(header, rows), ""]
     return out
 
 

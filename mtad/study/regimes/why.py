@@ -11,6 +11,7 @@ import json
 import re
 from pathlib import Path
 
+from mtad.report.markdown import interval
 from mtad.study.forecast.regime2d import breakeven
 
 BEGIN, END = "<!-- why:begin -->", "<!-- why:end -->"
@@ -50,7 +51,7 @@ def facts(res: dict, check: dict | None) -> dict:
 
 
 def _x(v) -> str:
-    return f"{v[0]:.2f}× [{v[1]:.2f}, {v[2]:.2f}]"
+    return interval(v, unit="×")
 
 
 def _r(v) -> str:
