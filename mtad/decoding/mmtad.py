@@ -51,6 +51,17 @@ def accept_tree(tree: BeamTree, p: torch.Tensor, offset: list[int], cfg) -> tupl
     return a, tree.path(a, i) if a else []
 
 
+def commit_tree(batch, runs, target: Session, draft: Session | None, t_path: tuple, d_path: tuple, blocks: list,
+                nxt: list, rng) -> None:
+    """The commit of every tree decoder: both caches compacted to the accepted paths (``(keep, ids)`` per row;
+    ``draft`` None when it fed no node), then each row's block plus one token drawn from its ``nxt`` law."""
+    target.commit_path(*t_path)
+    if draft is not None:
+        draft.commit_path(*d_path)
+    bonus = draw(torch.stack(nxt), rng).tolist()  # (B, 1)
+    batch.commit(runs, [x + t for x, t in zip(blocks, bonus)])
+
+
 @register("mmtad", draft=True, tree=("target", "draft"),
           reads=lambda cfg: ("beam_width", "replacement", "tau", "reference"))
 def mmtad(models, batch, cfg, rng) -> None:
@@ -76,8 +87,4 @@ def mmtad(models, batch, cfg, rng) -> None:
             d_keep.append([draft_idx[b][d][j] for d, j in enumerate(idx[:fed])] if k_max else [])
             d_ids.append(x[:fed])
             blocks.append(x)
-        target.commit_path(t_keep, t_ids)
-        if k_max:
-            draft.commit_path(d_keep, d_ids)
-        bonus = draw(torch.stack(nxt), rng).tolist()  # (B, 1)
-        batch.commit(runs, [x + t for x, t in zip(blocks, bonus)])
+        commit_tree(batch, runs, target, draft if k_max else None, (t_keep, t_ids), (d_keep, d_ids), blocks, nxt, rng)

@@ -16,7 +16,7 @@ from mtad.decoding.beam import feed_level
 from mtad.decoding.core import register
 from mtad.decoding.filter import draw, uniform
 from mtad.decoding.kv import Session
-from mtad.decoding.mmtad import verify_tree
+from mtad.decoding.mmtad import commit_tree, verify_tree
 
 
 def draft_tree(draft: Session, batch, ks: list[list[int]], rng):
@@ -74,11 +74,7 @@ def specinfer(models, batch, cfg, rng) -> None:
             d_ids.append(x[:fed])
             blocks.append(x)
             nxt.append(dist)
-        target.commit_path(t_keep, t_ids)
-        if max(Ds):
-            draft.commit_path(d_keep, d_ids)
-        bonus = draw(torch.stack(nxt), rng).tolist()  # (B, 1)
-        batch.commit(runs, [x + t for x, t in zip(blocks, bonus)])
+        commit_tree(batch, runs, target, draft if max(Ds) else None, (t_keep, t_ids), (d_keep, d_ids), blocks, nxt, rng)
 
 
 class _Tree:
